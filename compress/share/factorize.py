@@ -1,0 +1,100 @@
+"""Factorised word embedding (ALBERT): a V×H table becomes a V×E table and an E×H projection.
+
+The factors come from a truncated SVD of the trained table, so the product is the best rank-E
+approximation of it (Eckart–Young): the Frobenius error is exactly the norm of the singular
+values that were dropped, and the model starts recovery close to where it was.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from compress.errors import RecipeError
+
+
+class FactorizedEmbedding(torch.nn.Module):
+    """Token id -> E-dim row -> H-dim vector; a drop-in for ``nn.Embedding`` in the encoder."""
+
+    def __init__(self, num_embeddings: int, rank: int, hidden_size: int, padding_idx: int | None = None):
+        super().__init__()
+        self.embed = torch.nn.Embedding(num_embeddings, rank, padding_idx=padding_idx)
+        self.project = torch.nn.Linear(rank, hidden_size, bias=False)
+
+    @property
+    def num_embeddings(self) -> int:
+        return self.embed.num_embeddings
+
+    @property
+    def embedding_dim(self) -> int:
+        return self.project.out_features
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.project(self.embed(input_ids))
+
+    def dense_weight(self) -> torch.Tensor:
+        """The V×H table this factorisation stands for."""
+        return self.embed.weight @ self.project.weight.T
+
+
+@dataclass(frozen=True)
+class Factors:
+    table: torch.Tensor
+    """V×E: the left singular vectors scaled by the kept singular values."""
+    projection: torch.Tensor
+    """H×E: ``nn.Linear(E, H).weight`` layout, the kept right singular vectors."""
+    discarded: torch.Tensor
+    """Singular values that the rank-E approximation drops."""
+
+
+def check_rank(rank: int, hidden_size: int) -> None:
+    if not 0 < rank < hidden_size:
+        raise RecipeError(
+            f"share.embedding_rank: {rank} must be between 1 and the hidden size {hidden_size} "
+            f"(exclusive) to save parameters; e.g. embedding_rank: {max(1, hidden_size // 3)}"
+        )
+
+
+@torch.no_grad()
+def svd_factors(weight: torch.Tensor, rank: int) -> Factors:
+    """Best rank-``rank`` factors of a V×H embedding table (computed in float64 for a faithful error)."""
+    check_rank(rank, weight.shape[1])
+    u, s, vh = torch.linalg.svd(weight.detach().double(), full_matrices=False)
+    table = (u[:, :rank] * s[:rank]).to(weight.dtype)
+    projection = vh[:rank].T.contiguous().to(weight.dtype)
+    return Factors(table, projection, s[rank:].to(weight.dtype))
+
+
+def factorize_embedding(model: torch.nn.Module, rank: int) -> dict[str, float]:
+    """Replace the model's word embedding by its rank-``rank`` SVD factorisation, in place.
+
+    Returns the relative Frobenius error of the reconstructed table and the share of the
+    table's energy (sum of squared singular values) that was kept.
+    """
+    old = model.get_input_embeddings()
+    if not isinstance(old, torch.nn.Embedding):
+        raise RecipeError(
+            f"share.embedding_rank: the word embedding is already a {type(old).__name__}; "
+            "factorise a model only once"
+        )
+    factors = svd_factors(old.weight, rank)
+    new = FactorizedEmbedding(old.num_embeddings, rank, old.embedding_dim, old.padding_idx)
+    with torch.no_grad():
+        new.embed.weight.copy_(factors.table)
+        new.project.weight.copy_(factors.projection)
+    model.set_input_embeddings(new)
+    total = float(old.weight.detach().double().pow(2).sum())
+    dropped = float(factors.discarded.double().pow(2).sum())
+    return {
+        "relative_error": (dropped / total) ** 0.5 if total else 0.0,
+        "energy_kept": 1 - dropped / total if total else 1.0,
+    }
+
+
+def install_factorized(model: torch.nn.Module, rank: int) -> None:
+    """Give a freshly built model the factorised embedding structure (weights are loaded afterwards)."""
+    old = model.get_input_embeddings()
+    model.set_input_embeddings(
+        FactorizedEmbedding(old.num_embeddings, rank, old.embedding_dim, old.padding_idx)
+    )
