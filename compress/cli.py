@@ -1,0 +1,116 @@
+"""The ``compress`` command: thin adapters that parse, call one library function, print, and exit.
+
+Exit codes: 0 success; 1 a gate failed; 2 bad input (one line naming the problem and the fix).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+
+import click
+
+from compress.errors import CompressError, GateFailure
+
+
+class Group(click.Group):
+    """Maps compress errors to one line on stderr and an exit code, instead of a traceback."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except GateFailure as exc:
+            for line in exc.lines:
+                click.echo(f"gate failed: {line}", err=True)
+            sys.exit(1)
+        except CompressError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(2)
+        except KeyboardInterrupt:
+            click.echo(
+                "interrupted: finished stages are kept; run the same command again to resume", err=True
+            )
+            sys.exit(130)
+
+
+@click.group(cls=Group)
+@click.option("-v", "--verbose", is_flag=True, help="More detail on stderr.")
+@click.version_option(package_name="compress")
+def main(verbose: bool) -> None:
+    """Distil, share, quantize and export a fine-tuned text classifier; check every artifact."""
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO, format="compress: %(message)s", stream=sys.stderr
+    )
+    for noisy in ("httpx", "urllib3", "filelock", "absl", "torch", "onnxscript", "neural_compressor", "root"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+_set_option = click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Override a recipe field, e.g. --set stages.1.epochs=2 (repeatable).",
+)
+
+
+@main.command()
+@click.argument("recipe", type=click.Path(path_type=Path))
+@_set_option
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path),
+    default=Path("runs"),
+    show_default=True,
+    help="Folder that holds run folders.",
+)
+@click.option("--fresh", is_flag=True, help="Ignore finished stages and run everything again.")
+def run(recipe: Path, overrides: tuple[str, ...], out: Path, fresh: bool) -> None:
+    """Run RECIPE end to end into OUT/<name>/, reusing finished stages."""
+    from compress.pipeline import run_recipe
+    from compress.recipe import load_recipe
+    from compress.summary import summary_table
+
+    loaded = load_recipe(recipe, overrides)
+    result = run_recipe(loaded, out, fresh=fresh)
+    click.echo(summary_table(result))
+
+
+@main.command()
+@click.argument("recipe", type=click.Path(path_type=Path))
+@_set_option
+def validate(recipe: Path, overrides: tuple[str, ...]) -> None:
+    """Check RECIPE without running it."""
+    from compress.recipe import load_recipe
+
+    loaded = load_recipe(recipe, overrides)
+    stages = " -> ".join(stage.type for stage in loaded.stages)
+    click.echo(f"{recipe}: ok ({loaded.name}: {stages}; targets: {', '.join(loaded.targets) or 'none'})")
+
+
+@main.command()
+def schema() -> None:
+    """Print the recipe JSON Schema (for editor completion)."""
+    from compress.recipe import json_schema
+
+    click.echo(json.dumps(json_schema(), indent=2))
+
+
+@main.command()
+def targets() -> None:
+    """List the device profiles in targets/."""
+    from compress.targets import available_targets, load_target
+
+    for name in available_targets():
+        profile = load_target(name)
+        lengths = ",".join(str(n) for n in profile.sequence_lengths)
+        click.echo(
+            f"{name:18} {profile.format:6} {profile.arch:8} threads={profile.threads} "
+            f"seq={lengths} schemes={','.join(profile.quantization.schemes)}  {profile.description}"
+        )
+
+
+if __name__ == "__main__":
+    main()

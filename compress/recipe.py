@@ -1,0 +1,319 @@
+"""Recipes: YAML validated with pydantic; errors name the file, the line, the key and the fix."""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import (
+    BaseModel,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    create_model,
+    field_validator,
+    model_validator,
+)
+
+from compress.config import Strict
+from compress.errors import RecipeError
+from compress.yamlpos import Loc, format_loc, line_for, load_yaml_with_lines
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+
+
+class TaskConfig(Strict):
+    type: Literal["classification"] = "classification"
+    text: str = "text"
+    text_pair: str | None = None
+    label: str = "label"
+    max_length: int = Field(128, gt=0, le=8192)
+    labels: list[str] | None = Field(None, min_length=2)
+    """Label names in id order. Data labels may be these names or their integer ids."""
+
+
+class TeacherConfig(Strict):
+    """Exactly one of ``path`` (local folder), ``hub`` (model id) or ``package`` (``pkg/sub/dir``)."""
+
+    path: str | None = None
+    hub: str | None = None
+    revision: str | None = None
+    package: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*(/[^/]+)*$")
+    trust_remote_code: bool = False
+    allow_pickle: bool = False
+
+    @model_validator(mode="after")
+    def _one_source(self) -> TeacherConfig:
+        given = [k for k in ("path", "hub", "package") if getattr(self, k)]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of path, hub or package (got {', '.join(given) or 'none'})")
+        return self
+
+
+class Columns(Strict):
+    text: str | None = None
+    text_pair: str | None = None
+    label: str | None = None
+
+
+class DataSource(Strict):
+    """A local TSV/CSV/JSONL file, or a Hugging Face ``datasets`` id with a split."""
+
+    path: str | None = None
+    format: Literal["tsv", "csv", "jsonl"] | None = None
+    hub: str | None = None
+    subset: str | None = None
+    split: str | None = None
+    columns: Columns = Field(default_factory=Columns)
+    limit: int | None = Field(None, gt=0)
+    """Use only the first N rows (after loading), e.g. to keep CI short."""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> DataSource:
+        if bool(self.path) == bool(self.hub):
+            raise ValueError("give exactly one of path (local file) or hub (datasets id)")
+        if self.hub and not self.split:
+            raise ValueError("a hub dataset needs split, e.g. split: train")
+        if self.path and not self.format and Path(self.path).suffix.lower() not in (".tsv", ".csv", ".jsonl"):
+            raise ValueError(f"cannot tell the format of '{self.path}'; add format: tsv|csv|jsonl")
+        return self
+
+
+class DataConfig(Strict):
+    train: DataSource
+    eval: DataSource
+    test: DataSource | None = None
+    """Held-out split for the final report; without it the report uses ``eval``."""
+
+
+class BaselineGates(Strict):
+    report: str | None = None
+    max_accuracy_drop: float = Field(0.01, ge=0, le=1)
+    max_latency_rise: float = Field(0.25, ge=0)
+    """Relative rise of p50 latency allowed over the baseline (0.25 = 25%)."""
+    latency_noise_ms: float = Field(1.0, ge=0)
+    max_bytes_rise: float = Field(0.02, ge=0)
+
+
+class GatesConfig(Strict):
+    apply_to: list[str] = Field(default_factory=lambda: ["*"], min_length=1)
+    """Artifact names (glob patterns) the absolute gates apply to."""
+    min_accuracy: float | None = Field(None, ge=0, le=1)
+    min_agreement: float | None = Field(None, ge=0, le=1)
+    max_accuracy_drop: float | None = Field(None, ge=0, le=1)
+    max_latency_p50_ms: float | None = Field(None, gt=0)
+    max_latency_p90_ms: float | None = Field(None, gt=0)
+    max_bytes: int | None = Field(None, gt=0)
+    min_speedup: float | None = Field(None, gt=0)
+    baseline: BaselineGates | None = None
+
+
+class EvaluateConfig(Strict):
+    split: Literal["eval", "test"] | None = None
+    """Which split the final check uses; default ``test`` when the recipe has one, else ``eval``."""
+    latency_samples: int = Field(200, gt=0)
+    warmup: int = Field(10, ge=0)
+    throughput_batch: int = Field(32, gt=0)
+    threads: int | None = Field(None, gt=0)
+    """Threads for latency; default: the artifact's target profile, 2 for the teacher."""
+
+
+class RecipeBase(Strict):
+    name: str = Field(pattern=NAME_PATTERN)
+    description: str = ""
+    seed: int = 0
+    task: TaskConfig = Field(default_factory=TaskConfig)
+    teacher: TeacherConfig
+    data: DataConfig
+    targets: list[str] = Field(default_factory=list)
+    gates: GatesConfig | None = None
+    evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
+    _source: Path | None = PrivateAttr(None)
+
+    @field_validator("targets")
+    @classmethod
+    def _known_targets(cls, value: list[str]) -> list[str]:
+        from compress.targets import available_targets, targets_dir
+
+        known = available_targets()
+        for name in value:
+            if name not in known:
+                raise ValueError(
+                    f"unknown target '{name}'; known targets in {targets_dir()}: {', '.join(known)}"
+                )
+        if len(set(value)) != len(value):
+            raise ValueError("a target is listed twice")
+        return value
+
+
+@lru_cache(maxsize=1)
+def recipe_model() -> type[BaseModel]:
+    """The Recipe model with ``stages`` as a union of every registered stage config, by ``type``."""
+    from compress.stages import STAGES
+
+    configs = tuple(spec.config_cls for spec in STAGES.values())
+    stage_union = Annotated[Union[configs], Field(discriminator="type")]  # noqa: UP007
+    return create_model("Recipe", __base__=RecipeBase, stages=(list[stage_union], Field(min_length=1)))
+
+
+Recipe = RecipeBase  # type alias for annotations: every loaded recipe is a recipe_model() instance
+
+
+def _describe_error(err: dict[str, Any]) -> str:
+    kind = err["type"]
+    value = err.get("input")
+    ctx = err.get("ctx") or {}
+    if kind == "extra_forbidden":
+        return "unknown key; remove it or check its spelling (run `compress schema` for the allowed keys)"
+    if kind == "missing":
+        return "required key is missing; add it"
+    if kind == "union_tag_invalid":
+        from compress.stages import STAGES
+
+        return f"unknown stage type {ctx.get('tag')!r}; known types: {', '.join(sorted(STAGES))}"
+    if kind == "union_tag_not_found":
+        return "each stage needs a 'type' key, e.g. type: distill"
+    if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
+        op = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}[
+            kind
+        ]
+        bound = next(iter(ctx.values()))
+        return f"must be {op} {bound}, got {value!r}"
+    if kind == "literal_error":
+        return f"must be one of {ctx.get('expected')}, got {value!r}"
+    msg = err["msg"]
+    msg = re.sub(r"^Value error, ", "", msg)
+    if kind.endswith("_type") or kind.endswith("_parsing"):
+        return f"{msg[0].lower()}{msg[1:]}, got {value!r}"
+    return msg
+
+
+def _clean_loc(loc: tuple[Any, ...], data: Any) -> Loc:
+    """Drop pydantic's discriminator tags (``stages.1.distill.epochs`` -> ``stages[1].epochs``)."""
+    from compress.stages import STAGES
+
+    out: list[str | int] = []
+    for part in loc:
+        if (
+            isinstance(part, str)
+            and part in STAGES
+            and out
+            and isinstance(out[-1], int)
+            and out[-2:-1] == ["stages"]
+        ):
+            continue
+        if isinstance(part, str) and (part.startswith("function-") or part.startswith("list[")):
+            continue
+        out.append(part)
+    return tuple(out)
+
+
+def validation_error_line(
+    path: Path | str, lines: dict[Loc, int], exc: ValidationError, data: Any = None
+) -> str:
+    """The first validation error as one line: ``file:line key: problem; fix``."""
+    err = exc.errors()[0]
+    loc = _clean_loc(err["loc"], data)
+    line = line_for(lines, loc)
+    where = f"{path}:{line}" if line else str(path)
+    extra = f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
+    return f"{where} {format_loc(loc)}: {_describe_error(err)}{extra}"
+
+
+def parse_override(text: str) -> tuple[list[str | int], Any]:
+    """``stages.1.epochs=3`` -> (['stages', 1, 'epochs'], 3); the value is parsed as YAML."""
+    if "=" not in text:
+        raise RecipeError(f"--set {text!r}: expected path.to.key=value, e.g. --set stages.1.epochs=3")
+    key, raw = text.split("=", 1)
+    parts: list[str | int] = []
+    for piece in re.split(r"\.|\[(\d+)\]", key.strip()):
+        if piece:
+            parts.append(int(piece) if piece.isdigit() else piece)
+    if not parts:
+        raise RecipeError(f"--set {text!r}: the key is empty; expected path.to.key=value")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return parts, value
+
+
+def apply_override(data: Any, parts: list[str | int], value: Any, text: str) -> None:
+    node = data
+    for depth, part in enumerate(parts[:-1]):
+        nxt = parts[depth + 1]
+        if isinstance(node, dict):
+            if part not in node or node[part] is None:
+                node[part] = [] if isinstance(nxt, int) else {}
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and part < len(node):
+            node = node[part]
+        else:
+            raise RecipeError(
+                f"--set {text!r}: {format_loc(tuple(parts[: depth + 1]))} does not exist in the recipe"
+            )
+    last = parts[-1]
+    if isinstance(node, dict) or (isinstance(node, list) and isinstance(last, int) and last < len(node)):
+        node[last] = value
+    else:
+        raise RecipeError(f"--set {text!r}: {format_loc(tuple(parts))} does not exist in the recipe")
+
+
+def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Any:
+    """Load, override and validate a recipe. Relative paths in it resolve against its folder."""
+    path = Path(path)
+    data, lines = load_yaml_with_lines(path)
+    if data is None:
+        raise RecipeError(f"{path}: the recipe is empty; start from recipes/distil8.yaml")
+    if not isinstance(data, dict):
+        raise RecipeError(f"{path}:1: a recipe must be a mapping of keys, got {type(data).__name__}")
+    for text in overrides:
+        parts, value = parse_override(text)
+        apply_override(data, parts, value, text)
+    try:
+        recipe = recipe_model().model_validate(data)
+    except ValidationError as exc:
+        raise RecipeError(validation_error_line(path, lines, exc, data)) from None
+    recipe._source = path.resolve()
+    _check_files(recipe, path, lines)
+    return recipe
+
+
+def recipe_dir(recipe: Any) -> Path:
+    source = getattr(recipe, "_source", None)
+    return source.parent if source else Path.cwd()
+
+
+def resolve_path(recipe: Any, value: str) -> Path:
+    """A path from the recipe, relative to the recipe's folder unless absolute."""
+    p = Path(value).expanduser()
+    return p if p.is_absolute() else (recipe_dir(recipe) / p)
+
+
+def _check_files(recipe: Any, path: Path, lines: dict[Loc, int]) -> None:
+    def fail(loc: Loc, msg: str) -> None:
+        line = line_for(lines, loc)
+        raise RecipeError(
+            f"{path}:{line} {format_loc(loc)}: {msg}" if line else f"{path} {format_loc(loc)}: {msg}"
+        )
+
+    for split in ("train", "eval", "test"):
+        source = getattr(recipe.data, split)
+        if source is not None and source.path:
+            file = resolve_path(recipe, source.path)
+            if not file.is_file():
+                fail(
+                    ("data", split, "path"),
+                    f"file not found: {file}; fix the path (relative paths start at the recipe's folder)",
+                )
+    if recipe.teacher.path:
+        folder = resolve_path(recipe, recipe.teacher.path)
+        if not folder.is_dir():
+            fail(("teacher", "path"), f"folder not found: {folder}; point it at a Hugging Face model folder")
+
+
+def json_schema() -> dict[str, Any]:
+    return recipe_model().model_json_schema()

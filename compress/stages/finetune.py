@@ -1,0 +1,129 @@
+"""``finetune``: train a base encoder into the task's teacher classifier.
+
+Runs only when the recipe's teacher is not yet a classifier for the task's labels (``when:
+untrained``), so the same recipe works for a base checkpoint and for an already fine-tuned one.
+The output becomes the teacher of every later stage.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from typing import Literal
+
+import torch
+from pydantic import Field
+from tqdm.auto import tqdm
+
+from compress.errors import DataError
+from compress.models import count_parameters, is_classifier, load_classifier, save_checkpoint
+from compress.stages import register_stage
+from compress.stages.base import StageConfig, StageContext, StageResult
+from compress.training import (
+    check_finite,
+    classification_metrics,
+    encode,
+    forward_inputs,
+    optimizer_and_schedule,
+    predict_logits,
+    set_seed,
+)
+
+log = logging.getLogger(__name__)
+
+
+class FinetuneConfig(StageConfig):
+    type: Literal["finetune"] = "finetune"
+    when: Literal["untrained", "always"] = "untrained"
+    epochs: int = Field(3, gt=0, le=1000)
+    batch_size: int = Field(32, gt=0, le=65536)
+    lr: float = Field(5e-5, gt=0, lt=1)
+    weight_decay: float = Field(0.01, ge=0)
+    warmup_ratio: float = Field(0.1, ge=0, le=1)
+    max_grad_norm: float = Field(1.0, gt=0)
+
+
+def _copy_teacher(ctx: StageContext) -> StageResult:
+    for item in ctx.teacher_dir.iterdir():
+        if item.is_file():
+            shutil.copy2(item, ctx.out_dir / item.name)
+    return StageResult(info={"skipped": "the teacher is already a classifier for the task's labels"})
+
+
+@register_stage("finetune", FinetuneConfig, sets_teacher=True)
+def run(ctx: StageContext) -> StageResult:
+    from accelerate import Accelerator
+
+    cfg: FinetuneConfig = ctx.config  # type: ignore[assignment]
+    train, evals = ctx.split("train"), ctx.split("eval")
+    if train.labels is None:
+        raise DataError(f"{train.source}: finetune needs a label column in the training data")
+    names = train.label_names
+    if cfg.when == "untrained" and is_classifier(ctx.teacher_dir, len(names)):
+        return _copy_teacher(ctx)
+
+    set_seed(ctx.seed)
+    teacher = ctx.recipe.teacher
+    model, tokenizer = load_classifier(
+        ctx.teacher_dir,
+        num_labels=len(names),
+        label_names=names,
+        trust_remote_code=teacher.trust_remote_code,
+        allow_pickle=teacher.allow_pickle,
+    )
+    max_length = ctx.recipe.task.max_length
+    train_enc, eval_enc = encode(tokenizer, train, max_length), encode(tokenizer, evals, max_length)
+    accelerator = Accelerator(cpu=not torch.cuda.is_available())
+    loader = torch.utils.data.DataLoader(
+        train_enc, batch_size=cfg.batch_size, shuffle=True, generator=torch.Generator().manual_seed(ctx.seed)
+    )
+    total = cfg.epochs * len(loader)
+    optimizer, schedule = optimizer_and_schedule(
+        model, lr=cfg.lr, weight_decay=cfg.weight_decay, warmup_ratio=cfg.warmup_ratio, total_steps=total
+    )
+    model, optimizer, loader, schedule = accelerator.prepare(model, optimizer, loader, schedule)
+
+    start, step, best, history = time.time(), 0, -1.0, []
+    for epoch in range(cfg.epochs):
+        model.train()
+        bar = tqdm(
+            loader,
+            desc=f"finetune epoch {epoch + 1}/{cfg.epochs}",
+            disable=not accelerator.is_main_process,
+            leave=False,
+        )
+        losses = []
+        for batch in bar:
+            out = model(**forward_inputs(model, batch), labels=batch["labels"])
+            check_finite(out.loss, step, "finetune")
+            accelerator.backward(out.loss)
+            accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+            optimizer.step()
+            schedule.step()
+            optimizer.zero_grad()
+            losses.append(out.loss.item())
+            step += 1
+            bar.set_postfix(loss=f"{losses[-1]:.4f}")
+        unwrapped = accelerator.unwrap_model(model)
+        metrics = classification_metrics(predict_logits(unwrapped, eval_enc), evals.labels)
+        history.append({"epoch": epoch + 1, "train_loss": sum(losses) / len(losses), **metrics})
+        log.info(
+            "finetune epoch %d: loss %.4f eval accuracy %.4f",
+            epoch + 1,
+            history[-1]["train_loss"],
+            metrics["accuracy"],
+        )
+        if metrics["accuracy"] > best and accelerator.is_main_process:
+            best = metrics["accuracy"]
+            save_checkpoint(unwrapped, tokenizer, ctx.out_dir)
+    accelerator.wait_for_everyone()
+    return StageResult(
+        metrics={
+            "eval_accuracy": best,
+            "best_epoch": max(history, key=lambda h: h["accuracy"])["epoch"],
+            "history": history,
+            "parameters": count_parameters(accelerator.unwrap_model(model)),
+            "train_seconds": round(time.time() - start, 2),
+        }
+    )

@@ -1,0 +1,95 @@
+"""Device profiles (``targets/*.yaml``): what an artifact must look like to run on a board or phone.
+
+Quantize and export read a profile instead of loose flags, so "raspberry-pi-4" means one thing
+everywhere: the format, thread count, fixed sequence lengths, allowed schemes and budgets.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, ValidationError, model_validator
+
+from compress.config import Strict
+from compress.errors import RecipeError
+
+Scheme = Literal["dynamic", "static"]
+
+
+class QuantizationRules(Strict):
+    schemes: list[Scheme] = Field(default_factory=lambda: ["dynamic", "static"], min_length=1)
+    granularity: Literal["per-channel", "per-tensor"] = "per-channel"
+    activations: Literal["int8", "uint8"] = "int8"
+    float_fallback: bool = True
+
+
+class Budgets(Strict):
+    max_bytes: int | None = Field(None, gt=0)
+    max_latency_p50_ms: float | None = Field(None, gt=0)
+
+
+class TargetProfile(Strict):
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$")
+    description: str = ""
+    format: Literal["onnx", "tflite"]
+    runtime: Literal["onnxruntime", "litert"]
+    arch: Literal["aarch64", "x86_64"] = "aarch64"
+    cpu: str = ""
+    threads: int = Field(4, gt=0, le=256)
+    sequence_lengths: list[int] = Field(min_length=1)
+    input_dtype: Literal["int32", "int64"]
+    opset: int = Field(17, ge=13, le=23)
+    quantization: QuantizationRules = Field(default_factory=QuantizationRules)
+    budgets: Budgets = Field(default_factory=Budgets)
+
+    @model_validator(mode="after")
+    def _check(self) -> TargetProfile:
+        if (self.format == "onnx") != (self.runtime == "onnxruntime"):
+            raise ValueError(f"format {self.format} cannot run on runtime {self.runtime}")
+        if any(length <= 0 or length > 8192 for length in self.sequence_lengths):
+            raise ValueError("sequence_lengths must be between 1 and 8192")
+        if self.format == "tflite" and self.input_dtype != "int32":
+            raise ValueError("tflite targets need input_dtype int32 (mobile runtimes reject int64)")
+        return self
+
+    @property
+    def max_length(self) -> int:
+        return max(self.sequence_lengths)
+
+
+def targets_dir() -> Path:
+    """``$COMPRESS_TARGETS`` if set, else the ``targets/`` folder beside the package."""
+    env = os.environ.get("COMPRESS_TARGETS")
+    return Path(env) if env else Path(__file__).resolve().parent.parent / "targets"
+
+
+def load_target_file(path: Path) -> TargetProfile:
+    from compress.recipe import validation_error_line
+    from compress.yamlpos import load_yaml_with_lines
+
+    data, lines = load_yaml_with_lines(path)
+    if not isinstance(data, dict):
+        raise RecipeError(f"{path}:1: a target profile must be a mapping of keys, got {type(data).__name__}")
+    try:
+        profile = TargetProfile.model_validate(data)
+    except ValidationError as exc:
+        raise RecipeError(validation_error_line(path, lines, exc)) from None
+    if profile.name != path.stem:
+        raise RecipeError(f"{path}: name '{profile.name}' must match the file name '{path.stem}'")
+    return profile
+
+
+def available_targets(folder: Path | None = None) -> list[str]:
+    folder = folder or targets_dir()
+    return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
+
+
+def load_target(name: str, folder: Path | None = None) -> TargetProfile:
+    folder = folder or targets_dir()
+    path = folder / f"{name}.yaml"
+    if not path.is_file():
+        known = ", ".join(available_targets(folder)) or "none"
+        raise RecipeError(f"unknown target '{name}'; known targets in {folder}: {known}")
+    return load_target_file(path)

@@ -1,0 +1,136 @@
+"""Pieces every training stage shares: tokenising splits, the optimiser schedule, evaluation, seeds.
+
+The loops themselves run on Hugging Face Accelerate, so the same stage runs single-process by
+default and data-parallel under ``accelerate launch`` / ``torchrun`` without code changes.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from compress.data import Split
+from compress.errors import TrainingError
+
+
+def set_seed(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+@dataclass
+class Encoded(torch.utils.data.Dataset):
+    """A tokenised split: fixed-size tensors so batches need no collation logic."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    token_type_ids: torch.Tensor | None
+    labels: torch.Tensor | None
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        item = {
+            "input_ids": self.input_ids[i],
+            "attention_mask": self.attention_mask[i],
+            "index": torch.tensor(i),
+        }
+        if self.token_type_ids is not None:
+            item["token_type_ids"] = self.token_type_ids[i]
+        if self.labels is not None:
+            item["labels"] = self.labels[i]
+        return item
+
+
+def encode(tokenizer: Any, split: Split, max_length: int) -> Encoded:
+    """Tokenise a split, padded to its longest example (at most ``max_length``)."""
+    enc = tokenizer(
+        split.texts,
+        split.pairs,
+        truncation=True,
+        max_length=max_length,
+        padding="longest",
+        return_tensors="pt",
+    )
+    labels = torch.tensor(split.labels, dtype=torch.long) if split.labels is not None else None
+    return Encoded(enc["input_ids"], enc["attention_mask"], enc.get("token_type_ids"), labels)
+
+
+def model_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The keys a Hugging Face encoder takes, trimmed to the batch's longest sequence."""
+    length = int(batch["attention_mask"].sum(dim=1).max().item())
+    out = {k: batch[k][:, :length] for k in ("input_ids", "attention_mask", "token_type_ids") if k in batch}
+    return out
+
+
+def forward_inputs(model: Any, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``model_inputs`` without ``token_type_ids`` for models that do not take them (DistilBERT)."""
+    inputs = model_inputs(batch)
+    if "token_type_ids" in inputs and getattr(model.config, "type_vocab_size", 0) in (0, None):
+        inputs.pop("token_type_ids")
+    if "token_type_ids" in inputs and model.config.model_type in ("distilbert",):
+        inputs.pop("token_type_ids")
+    return inputs
+
+
+def optimizer_and_schedule(
+    model: torch.nn.Module, *, lr: float, weight_decay: float, warmup_ratio: float, total_steps: int
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW (no decay on biases and LayerNorm) with linear warm-up then linear decay to zero."""
+    decay, no_decay = [], []
+    seen: set[int] = set()
+    for name, param in model.named_parameters():
+        if not param.requires_grad or id(param) in seen:
+            continue
+        seen.add(id(param))
+        (no_decay if param.ndim < 2 or "LayerNorm" in name or "layer_norm" in name else decay).append(param)
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    optimizer = torch.optim.AdamW(groups, lr=lr)
+    warmup = math.ceil(warmup_ratio * total_steps)
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / max(1, warmup)
+        return max(0.0, (total_steps - step) / max(1, total_steps - warmup))
+
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def check_finite(loss: torch.Tensor, step: int, stage: str) -> None:
+    if not torch.isfinite(loss).all():
+        raise TrainingError(
+            f"{stage}: loss became {loss.item()} at step {step}; lower the learning rate "
+            "or check the data (the last good checkpoint is kept)"
+        )
+
+
+@torch.no_grad()
+def predict_logits(model: Any, data: Encoded, batch_size: int = 64) -> torch.Tensor:
+    """Logits for a whole encoded split, in order."""
+    model.eval()
+    loader = torch.utils.data.DataLoader(data, batch_size=batch_size, shuffle=False)
+    return torch.cat([model(**forward_inputs(model, batch)).logits.float() for batch in loader])
+
+
+def classification_metrics(
+    logits: torch.Tensor | np.ndarray,
+    labels: list[int] | None,
+    reference: torch.Tensor | np.ndarray | None = None,
+) -> dict[str, float]:
+    """Accuracy (and agreement with ``reference`` logits when given) from logits."""
+    logits = torch.as_tensor(np.asarray(logits))
+    pred = logits.argmax(-1)
+    out: dict[str, float] = {}
+    if labels is not None:
+        out["accuracy"] = float((pred == torch.as_tensor(labels)).float().mean())
+    if reference is not None:
+        ref = torch.as_tensor(np.asarray(reference)).argmax(-1)
+        out["agreement"] = float((pred == ref).float().mean())
+    return out

