@@ -1,0 +1,173 @@
+"""Gates: turn a report into pass/fail verdicts a CI job can act on.
+
+Absolute gates compare each artifact with fixed thresholds or with the teacher; baseline gates
+compare it with the same-named artifact of an older report, so a change that makes the student
+worse, slower or bigger fails the build even when it is still above the absolute bar.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import xml.etree.ElementTree as ET
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from compress.errors import GateFailure
+from compress.io import atomic_path
+from compress.recipe import BaselineGates, GatesConfig
+
+Entry = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    gate: str
+    artifact: str
+    value: float | None
+    threshold: float
+    verdict: Literal["pass", "fail", "skip"]
+    detail: str = ""
+
+    @property
+    def failed(self) -> bool:
+        return self.verdict == "fail"
+
+    def line(self) -> str:
+        """One line for a person reading CI logs: gate, artifact, value, threshold."""
+        value = "not measured" if self.value is None else _fmt(self.value)
+        extra = f" ({self.detail})" if self.detail else ""
+        return f"{self.gate} {self.artifact}: value {value} vs threshold {_fmt(self.threshold)}{extra}"
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _fmt(value: float) -> str:
+    return str(value) if isinstance(value, int) else f"{value:.4f}".rstrip("0").rstrip(".")
+
+
+def _metric(entry: Entry | None, key: str) -> float | None:
+    return None if entry is None else entry.get("metrics", {}).get(key)
+
+
+def _p(entry: Entry | None, pct: str) -> float | None:
+    latency = _metric(entry, "latency_ms")
+    return latency.get(pct) if latency else None
+
+
+def _drop(before: float | None, after: float | None) -> float | None:
+    return None if before is None or after is None else before - after
+
+
+def _speedup(entry: Entry, teacher: Entry | None) -> float | None:
+    mine, theirs = _p(entry, "p50"), _p(teacher, "p50")
+    return None if not mine or theirs is None else theirs / mine
+
+
+# gate name -> (value of an artifact given the teacher, whether the threshold is a minimum)
+ABSOLUTE: dict[str, tuple[Callable[[Entry, Entry | None], float | None], bool]] = {
+    "min_accuracy": (lambda e, t: _metric(e, "accuracy"), True),
+    "min_agreement": (lambda e, t: _metric(e, "agreement"), True),
+    "max_accuracy_drop": (lambda e, t: _drop(_metric(t, "accuracy"), _metric(e, "accuracy")), False),
+    "max_latency_p50_ms": (lambda e, t: _p(e, "p50"), False),
+    "max_latency_p90_ms": (lambda e, t: _p(e, "p90"), False),
+    "max_bytes": (lambda e, t: e.get("bytes"), False),
+    "min_speedup": (_speedup, True),
+}
+
+
+def _judge(gate: str, name: str, value: float | None, threshold: float, is_min: bool, detail: str = "") -> Verdict:
+    if value is None:
+        return Verdict(gate, name, None, threshold, "fail", detail or "the report has no value for it")
+    ok = value >= threshold if is_min else value <= threshold
+    return Verdict(gate, name, value, threshold, "pass" if ok else "fail", detail)
+
+
+def absolute_verdicts(report: dict[str, Any], gates: GatesConfig) -> list[Verdict]:
+    teacher = report.get("teacher")
+    out = []
+    for entry in report.get("artifacts", []):
+        if not any(fnmatch.fnmatchcase(entry["name"], pattern) for pattern in gates.apply_to):
+            continue
+        for gate, (value_of, is_min) in ABSOLUTE.items():
+            threshold = getattr(gates, gate)
+            if threshold is not None:
+                out.append(_judge(gate, entry["name"], value_of(entry, teacher), threshold, is_min))
+    return out
+
+
+def _latency_verdict(name: str, new: Entry, old: Entry, rules: BaselineGates) -> Verdict:
+    gate = "baseline.max_latency_rise"
+    machines = (new.get("measured", {}).get("machine"), old.get("measured", {}).get("machine"))
+    now, before = _p(new, "p50"), _p(old, "p50")
+    if machines[0] != machines[1]:
+        return Verdict(gate, name, None, rules.max_latency_rise, "skip", f"measured on {machines[1]}, now {machines[0]}")
+    if now is None or not before:
+        return _judge(gate, name, None, rules.max_latency_rise, False)
+    rise = now / before - 1
+    allowed = before * (1 + rules.max_latency_rise) + rules.latency_noise_ms
+    detail = f"p50 {now:.2f} ms vs baseline {before:.2f} ms, noise allowance {rules.latency_noise_ms} ms"
+    return Verdict(gate, name, rise, rules.max_latency_rise, "pass" if now <= allowed else "fail", detail)
+
+
+def baseline_verdicts(report: dict[str, Any], baseline: dict[str, Any], rules: BaselineGates) -> list[Verdict]:
+    """Each artifact of the baseline against the same-named artifact now; a vanished artifact fails."""
+    current = {e["name"]: e for e in report.get("artifacts", [])}
+    out = []
+    for old in baseline.get("artifacts", []):
+        name = old["name"]
+        new = current.get(name)
+        if new is None:
+            out.append(Verdict("baseline.artifact_present", name, None, 1, "fail", "in the baseline, not in this report"))
+            continue
+        drop = _drop(_metric(old, "accuracy"), _metric(new, "accuracy"))
+        out.append(_judge("baseline.max_accuracy_drop", name, drop, rules.max_accuracy_drop, False))
+        out.append(_latency_verdict(name, new, old, rules))
+        rise = new["bytes"] / old["bytes"] - 1 if old.get("bytes") else None
+        out.append(_judge("baseline.max_bytes_rise", name, rise, rules.max_bytes_rise, False))
+    return out
+
+
+def check_gates(
+    report: dict[str, Any], gates: GatesConfig | dict[str, Any] | None, baseline: dict[str, Any] | None = None
+) -> list[Verdict]:
+    """Every verdict for ``report``: absolute gates from ``gates``, then regressions against ``baseline``."""
+    if isinstance(gates, dict):
+        gates = GatesConfig.model_validate(gates)
+    verdicts = absolute_verdicts(report, gates) if gates else []
+    if baseline is not None:
+        rules = gates.baseline if gates and gates.baseline else BaselineGates()
+        verdicts += baseline_verdicts(report, baseline, rules)
+    return verdicts
+
+
+def raise_on_failure(verdicts: list[Verdict]) -> None:
+    failed = [v.line() for v in verdicts if v.failed]
+    if failed:
+        raise GateFailure(failed)
+
+
+def write_junit(verdicts: list[Verdict], path: str | Path) -> None:
+    """JUnit XML (one test case per gate and artifact) for CI systems that display test results."""
+    suite = ET.Element(
+        "testsuite",
+        name="compress.gates",
+        tests=str(len(verdicts)),
+        failures=str(sum(v.failed for v in verdicts)),
+        skipped=str(sum(v.verdict == "skip" for v in verdicts)),
+        errors="0",
+    )
+    for v in verdicts:
+        case = ET.SubElement(suite, "testcase", classname=f"compress.gate.{v.gate}", name=v.artifact)
+        if v.failed:
+            ET.SubElement(case, "failure", message=v.line(), type=v.gate).text = v.line()
+        elif v.verdict == "skip":
+            ET.SubElement(case, "skipped", message=v.line())
+        else:
+            ET.SubElement(case, "system-out").text = v.line()
+    tree = ET.ElementTree(ET.Element("testsuites"))
+    tree.getroot().append(suite)
+    with atomic_path(path) as tmp:
+        tree.write(tmp, encoding="utf-8", xml_declaration=True)
