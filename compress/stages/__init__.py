@@ -37,3 +37,4 @@ def get_stage(name: str) -> StageSpec:
 __all__ = ["STAGES", "StageConfig", "StageContext", "StageResult", "StageSpec", "get_stage", "register_stage"]
 
 from compress.stages import finetune  # noqa: E402, F401
+from compress.stages import share  # noqa: E402, F401

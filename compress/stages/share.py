@@ -1,0 +1,143 @@
+"""``share``: ALBERT-style compression of a trained model, then distillation to win accuracy back.
+
+Transforms run on the newest checkpoint in the run, cheapest to undo first: vocabulary pruning
+(a lossless row selection for the training text), then the SVD-factorised embedding (computed on
+the pruned table, so the rank is spent on tokens the task uses), then cross-layer tying. The
+manifest records unique parameters, bytes and eval accuracy after every step, so a reader sees
+what each transform cost before recovery paid it back.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from compress.config import Strict
+from compress.distill.config import DistillOptions
+from compress.stages import register_stage
+from compress.stages.base import StageConfig, StageContext, StageResult
+
+log = logging.getLogger(__name__)
+
+
+class LayerSharing(Strict):
+    mode: Literal["all", "attention", "ffn", "groups"] = "all"
+    """all: one layer applied N times; attention / ffn: only that sub-block is shared (across all
+    layers, or within each of ``groups``); groups: whole layers shared within each group."""
+    groups: list[list[int]] | None = None
+    """Layer indices per group, e.g. [[0, 1], [2, 3]]; a layer may be in one group only."""
+    init: Literal["mean"] | int = "mean"
+    """mean of the tied layers' weights, or the position within each group whose weights are kept."""
+
+
+class VocabPruning(Strict):
+    keep: list[str] = Field(default_factory=list)
+    """Tokens to keep although the training text does not use them."""
+    reserve: int = Field(0, ge=0)
+    """Also keep the first N ids of the original vocabulary (its most frequent pieces)."""
+    keep_characters: bool = True
+    """Keep every one-character piece so unseen words split into pieces instead of [UNK]."""
+
+
+class ShareConfig(StageConfig):
+    type: Literal["share"] = "share"
+    layers: LayerSharing | None = None
+    embedding_rank: int | None = Field(None, gt=0)
+    """E of the V×E + E×H factorised embedding (ALBERT uses 128); must be below the hidden size."""
+    vocab: VocabPruning | None = None
+    recovery: DistillOptions | None = Field(default_factory=DistillOptions)
+    """Distillation against the teacher after the transforms; null skips it."""
+
+    @model_validator(mode="after")
+    def _something_to_do(self) -> ShareConfig:
+        if self.layers is None and self.embedding_rank is None and self.vocab is None:
+            raise ValueError("give at least one of layers, embedding_rank or vocab")
+        return self
+
+
+def _measure(
+    ctx: StageContext, model: Any, tokenizer: Any, step: str, extra: dict[str, Any]
+) -> dict[str, Any]:
+    """Unique parameters and bytes, and eval accuracy with the model's current tokenizer."""
+    from compress.share.model import parameter_stats
+    from compress.training import classification_metrics, encode, predict_logits
+
+    evals = ctx.split("eval")
+    logits = predict_logits(model, encode(tokenizer, evals, ctx.recipe.task.max_length))
+    row = {"step": step, **parameter_stats(model), **classification_metrics(logits, evals.labels), **extra}
+    log.info("share %s: %d parameters, accuracy %s", step, row["parameters"], row.get("accuracy"))
+    return row
+
+
+def _transform(ctx: StageContext, cfg: ShareConfig, model: Any, tokenizer: Any) -> tuple[Any, list[dict]]:
+    from compress.share.factorize import factorize_embedding
+    from compress.share.model import set_sharing_spec
+    from compress.share.tying import encoder_layers, make_plan, tie_layers
+    from compress.share.vocab import prune_vocabulary
+
+    steps = [_measure(ctx, model, tokenizer, "input", {})]
+    if cfg.vocab is not None:
+        train = ctx.split("train")
+        v = cfg.vocab
+        tokenizer, sizes = prune_vocabulary(
+            model,
+            tokenizer,
+            train.texts,
+            train.pairs,
+            keep=v.keep,
+            reserve=v.reserve,
+            keep_characters=v.keep_characters,
+        )
+        steps.append(_measure(ctx, model, tokenizer, "vocab", sizes))
+    if cfg.embedding_rank is not None:
+        quality = factorize_embedding(model, cfg.embedding_rank)
+        set_sharing_spec(model, embedding_rank=cfg.embedding_rank)
+        steps.append(_measure(ctx, model, tokenizer, "embedding", quality))
+    if cfg.layers is not None:
+        plan = make_plan(cfg.layers.mode, len(encoder_layers(model)), cfg.layers.groups)
+        tie_layers(model, plan, init=cfg.layers.init)
+        set_sharing_spec(model, layers=plan.to_json())
+        steps.append(_measure(ctx, model, tokenizer, "layers", plan.to_json()))
+    return tokenizer, steps
+
+
+@register_stage("share", ShareConfig)
+def run(ctx: StageContext) -> StageResult:
+    from compress.models import load_classifier
+    from compress.share.model import save_shared_checkpoint
+    from compress.training import set_seed
+
+    cfg: ShareConfig = ctx.config  # type: ignore[assignment]
+    set_seed(ctx.seed)
+    model, tokenizer = load_classifier(ctx.input_dir)
+    tokenizer, steps = _transform(ctx, cfg, model, tokenizer)
+    info: dict[str, Any] = {
+        "steps": [s["step"] for s in steps],
+        "sharing": getattr(model.config, "compress_sharing", None),
+    }
+    metrics: dict[str, Any] = {"steps": steps}
+    if cfg.recovery is not None:
+        from compress.distill.trainer import distill_model
+
+        outcome = distill_model(model, tokenizer, ctx.teacher_dir, ctx, cfg.recovery)
+        steps.append(_measure(ctx, model, tokenizer, "recovery", {}))
+        metrics["recovery"] = outcome.metrics
+        info["recovery"] = outcome.info
+        if not outcome.is_main_process:
+            return StageResult(metrics=metrics, info=info)
+    save_shared_checkpoint(model, tokenizer, ctx.out_dir)
+    first, last = steps[0], steps[-1]
+    tied = next((s for s in steps if s["step"] == "layers"), None)
+    metrics.update(
+        parameters_before=first["parameters"],
+        bytes_before=first["bytes"],
+        parameters=last["parameters"],
+        bytes=last["bytes"],
+        checkpoint_bytes=(ctx.out_dir / "model.safetensors").stat().st_size,
+        accuracy_before=first.get("accuracy"),
+        accuracy_after_tying=tied.get("accuracy") if tied else None,
+        accuracy=last.get("accuracy"),
+    )
+    return StageResult(metrics=metrics, info=info)

@@ -1,0 +1,56 @@
+"""The ``share`` stage in a run: every transform is applied, measured, saved once and reloads tied."""
+
+from __future__ import annotations
+
+import pytest
+
+from compress.errors import RecipeError
+from compress.io import read_json
+from compress.pipeline import run_recipe
+from compress.recipe import load_recipe
+from compress.share.model import load_shared_classifier, parameter_stats
+from compress.share.tying import encoder_layers
+from tests.helpers.tiny import write_recipe
+
+SHARE = """  - type: share
+    layers: {{mode: all}}
+    embedding_rank: 8
+    vocab: {{keep_characters: false}}
+    recovery: {recovery}
+"""
+
+
+def test_share_stage_applies_every_transform_and_saves_each_tensor_once(tmp_path, tiny_bert_dir, reviews):
+    recipe = load_recipe(
+        write_recipe(
+            tmp_path / "r.yaml", teacher=tiny_bert_dir, data=reviews, stages=SHARE.format(recovery="null")
+        )
+    )
+    stage = run_recipe(recipe, tmp_path / "runs").stages[0]
+    manifest = read_json(stage.dir / "manifest.json")
+    metrics = manifest["metrics"]
+    assert [s["step"] for s in metrics["steps"]] == ["input", "vocab", "embedding", "layers"]
+    sizes = [s["parameters"] for s in metrics["steps"]]
+    assert sizes == sorted(sizes, reverse=True) and len(set(sizes)) == 4
+    assert all(0 <= s["accuracy"] <= 1 for s in metrics["steps"])
+    assert metrics["accuracy_after_tying"] == metrics["steps"][-1]["accuracy"]
+    model, tokenizer = load_shared_classifier(stage.dir)
+    layers = encoder_layers(model)
+    assert layers[0] is layers[1]
+    assert parameter_stats(model)["bytes"] == metrics["bytes"]
+    # the file is the unique tensors plus a small JSON header, not one copy per layer
+    assert metrics["bytes"] <= metrics["checkpoint_bytes"] < metrics["bytes"] + 16_000
+    config = read_json(stage.dir / "config.json")
+    assert config["compress_sharing"]["embedding_rank"] == 8
+    assert config["vocab_size"] == model.get_input_embeddings().num_embeddings == len(tokenizer)
+
+
+def test_share_stage_needs_a_transform(tmp_path, tiny_bert_dir, reviews):
+    path = write_recipe(
+        tmp_path / "r.yaml",
+        teacher=tiny_bert_dir,
+        data=reviews,
+        stages="  - type: share\n    recovery: null\n",
+    )
+    with pytest.raises(RecipeError, match="at least one of layers, embedding_rank or vocab"):
+        load_recipe(path)
