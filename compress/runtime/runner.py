@@ -145,7 +145,14 @@ class TFLiteSession:
 
     def __init__(self, model: Path, threads: int):
         interpreter_cls, self.interpreter, self.interpreter_version = tflite_interpreter()
-        interpreter = interpreter_cls(model_path=str(model), num_threads=threads)
+        try:
+            interpreter = interpreter_cls(model_path=str(model), num_threads=threads)
+        except (ValueError, RuntimeError) as exc:
+            reason = str(exc).strip().splitlines()[0]
+            raise RunnerError(
+                f"{model}: {self.interpreter} {self.interpreter_version} cannot load it ({reason}); "
+                "install a newer interpreter (pip install ai-edge-litert) or re-export for this one"
+            ) from None
         self._by_length: dict[int, tuple[Any, dict[str, Any], str]] = {}
         batches = set()
         for key in sorted(interpreter.get_signature_list()):
