@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -35,16 +36,24 @@ class Group(click.Group):
             sys.exit(130)
 
 
+_NOISY = ("httpx", "urllib3", "filelock", "absl", "torch", "torchao", "onnxscript", "neural_compressor")
+
+
 @click.group(cls=Group)
 @click.option("-v", "--verbose", is_flag=True, help="More detail on stderr.")
 @click.version_option(package_name="compress")
 def main(verbose: bool) -> None:
     """Distil, share, quantize and export a fine-tuned text classifier; check every artifact."""
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO, format="compress: %(message)s", stream=sys.stderr
-    )
-    for noisy in ("httpx", "urllib3", "filelock", "absl", "torch", "onnxscript", "neural_compressor", "root"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("compress: %(message)s"))
+    ours = logging.getLogger("compress")
+    ours.handlers[:] = [handler]
+    ours.setLevel(logging.DEBUG if verbose else logging.INFO)
+    ours.propagate = False
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    for noisy in _NOISY:
+        logging.getLogger(noisy).setLevel(logging.ERROR)
 
 
 _set_option = click.option(
