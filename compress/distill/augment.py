@@ -1,0 +1,180 @@
+"""TinyBERT-style data augmentation: new sentences by swapping words for similar ones.
+
+A small task set gives the student too few chances to see how the teacher behaves; variants of
+each sentence with some words replaced (by a masked LM's guesses in context, or by neighbours in
+the teacher's word-embedding space) widen it cheaply. The new rows have no gold label: the
+teacher labels them through the cached logits. Only words that are one token are replaced;
+the rest of the text is kept character for character.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from compress.data import Split
+from compress.distill.config import AugmentOptions
+from compress.errors import ModelError
+from compress.io import atomic_path, sha256_json
+
+Slot = tuple[int, int, int]
+"""(start char, end char, token id) of a one-token word."""
+
+
+def word_tokens(tokenizer: Any) -> torch.Tensor:
+    """Ids of vocabulary entries that are whole alphabetic words (candidate replacements)."""
+    special = set(tokenizer.all_special_ids)
+    keep = []
+    for token, idx in tokenizer.get_vocab().items():
+        text = tokenizer.convert_tokens_to_string([token]).strip()
+        if idx not in special and not token.startswith("##") and text.isalpha():
+            keep.append(idx)
+    return torch.tensor(sorted(keep), dtype=torch.long)
+
+
+def slots(tokenizer: Any, text: str, words: set[int]) -> list[Slot]:
+    """The one-token alphabetic words of ``text`` with their character spans."""
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    groups: dict[int, list[int]] = {}
+    for position, word in enumerate(enc.word_ids()):
+        if word is not None:
+            groups.setdefault(word, []).append(position)
+    out = []
+    for positions in groups.values():
+        token = enc["input_ids"][positions[0]]
+        if len(positions) == 1 and token in words:
+            start, end = enc["offset_mapping"][positions[0]]
+            out.append((start, end, token))
+    return out
+
+
+@torch.no_grad()
+def embedding_neighbours(
+    embeddings: torch.Tensor, ids: list[int], words: torch.Tensor, k: int
+) -> dict[int, list[int]]:
+    """The ``k`` word tokens closest (cosine) to each id in the embedding matrix, itself excluded."""
+    unit = torch.nn.functional.normalize(embeddings.float(), dim=-1)
+    out: dict[int, list[int]] = {}
+    for chunk in torch.tensor(ids, dtype=torch.long).split(512):
+        sims = unit[chunk] @ unit[words].T
+        sims[words[None, :] == chunk[:, None]] = -2.0
+        top = sims.topk(min(k, len(words) - 1), dim=-1).indices
+        out.update({i: words[row].tolist() for i, row in zip(chunk.tolist(), top, strict=True)})
+    return out
+
+
+@torch.no_grad()
+def mlm_candidates(
+    mlm: Any, tokenizer: Any, text: str, spans: list[Slot], words: torch.Tensor, k: int
+) -> list[list[int]]:
+    """For each slot, the masked LM's top-``k`` word tokens in context (one masked copy per slot)."""
+    if not spans:
+        return []
+    enc = tokenizer(text, return_offsets_mapping=True, return_tensors="pt")
+    starts = [s for s, _ in enc["offset_mapping"][0].tolist()]
+    ids = enc["input_ids"].repeat(len(spans), 1)
+    for row, (start, _, _) in enumerate(spans):
+        ids[row, starts.index(start, 1)] = tokenizer.mask_token_id
+    logits = mlm(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+    allowed = torch.full((logits.shape[-1],), float("-inf"))
+    allowed[words[words < logits.shape[-1]]] = 0.0
+    masked = ids == tokenizer.mask_token_id
+    picks = (logits[masked] + allowed).topk(k + 1, dim=-1).indices.tolist()
+    return [[c for c in row if c != tok][:k] for row, (_, _, tok) in zip(picks, spans, strict=True)]
+
+
+def load_mlm(folder: Path) -> Any:
+    """A masked-LM checkpoint (safetensors only) whose vocabulary matches the teacher's tokenizer."""
+    from transformers import AutoModelForMaskedLM
+
+    from compress.models import check_model_folder
+
+    check_model_folder(folder)
+    try:
+        return AutoModelForMaskedLM.from_pretrained(str(folder), use_safetensors=True).eval()
+    except Exception as exc:
+        raise ModelError(
+            f"augment.mlm_model: {folder} cannot be loaded as a masked LM ({type(exc).__name__}); "
+            "point it at a *ForMaskedLM checkpoint with the teacher's vocabulary"
+        ) from None
+
+
+def variant(text: str, spans: list[Slot], choices: list[list[str]], prob: float, rng: random.Random) -> str:
+    """``text`` with each slot replaced, with probability ``prob``, by one of its candidates."""
+    out, last = [], 0
+    for (start, end, _), cands in zip(spans, choices, strict=True):
+        if cands and rng.random() < prob:
+            out += [text[last:start], rng.choice(cands)]
+            last = end
+    return "".join([*out, text[last:]])
+
+
+def augment_texts(
+    texts: list[str], tokenizer: Any, teacher: Any, options: AugmentOptions, seed: int
+) -> list[list[str]]:
+    """``multiplier`` variants of every text (a variant may equal the text when it has no slot)."""
+    words = word_tokens(tokenizer)
+    wordset = set(words.tolist())
+    spans = [slots(tokenizer, t, wordset) for t in texts]
+    if options.method == "mlm":
+        mlm = load_mlm(Path(options.mlm_model))
+        cand_ids = [
+            mlm_candidates(mlm, tokenizer, t, s, words, options.candidates)
+            for t, s in zip(texts, spans, strict=True)
+        ]
+    else:
+        used = sorted({tok for s in spans for _, _, tok in s})
+        near = embedding_neighbours(teacher.get_input_embeddings().weight, used, words, options.candidates)
+        cand_ids = [[near[tok] for _, _, tok in s] for s in spans]
+    strings = {
+        i: tokenizer.convert_tokens_to_string([tokenizer.convert_ids_to_tokens(i)]).strip()
+        for i in {c for rows in cand_ids for row in rows for c in row}
+    }
+    rng = random.Random(seed)
+    out = []
+    for text, s, rows in zip(texts, spans, cand_ids, strict=True):
+        choices = [[strings[c] for c in row] for row in rows]
+        out.append([variant(text, s, choices, options.replace_prob, rng) for _ in range(options.multiplier)])
+    return out
+
+
+def augment_split(
+    split: Split,
+    tokenizer: Any,
+    teacher: Any,
+    options: AugmentOptions,
+    *,
+    seed: int,
+    cache_dir: Path,
+    teacher_sha: str,
+) -> Split:
+    """The unlabelled augmented rows for ``split`` (not including the originals), cached as JSON."""
+    key = sha256_json([split.sha256, options.model_dump(), seed, teacher_sha])
+    path = Path(cache_dir) / "distill" / f"augment-{key[:24]}.json"
+    if path.is_file():
+        rows = json.loads(path.read_text(encoding="utf-8"))
+    else:
+        texts = augment_texts(split.texts, tokenizer, teacher, options, seed)
+        pairs = (
+            augment_texts(split.pairs, tokenizer, teacher, options, seed + 1)
+            if split.pairs is not None
+            else None
+        )
+        rows = {
+            "texts": [v for vs in texts for v in vs],
+            "pairs": [v for vs in pairs for v in vs] if pairs is not None else None,
+        }
+        with atomic_path(path) as tmp:
+            tmp.write_text(json.dumps(rows), encoding="utf-8")
+    return Split(
+        texts=rows["texts"],
+        pairs=rows["pairs"],
+        labels=None,
+        label_names=split.label_names,
+        source=f"augmented({split.source}) x{options.multiplier}",
+        sha256=sha256_json([path.name]),
+    )

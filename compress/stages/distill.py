@@ -1,0 +1,68 @@
+"""``distill``: a shallower student initialised from the teacher's layers and trained to match it.
+
+DistilBERT's recipe (every-other layer init, soft targets, hidden-state cosine) with TinyBERT's
+options (projected hidden MSE, attention maps, augmentation) as loss weights in the config.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Literal
+
+from pydantic import Field
+
+from compress.distill.config import DistillOptions
+from compress.distill.student import build_student
+from compress.distill.trainer import distill_model
+from compress.errors import ModelError, RecipeError
+from compress.models import count_parameters, load_classifier, save_checkpoint
+from compress.stages import register_stage
+from compress.stages.base import StageConfig, StageContext, StageResult
+
+
+class DistillConfig(StageConfig, DistillOptions):
+    type: Literal["distill"] = "distill"
+    layers: int = Field(3, gt=0)
+    init: Literal["every-other", "random"] | list[int] = "every-other"
+    """Teacher layers (0-based) to copy into the student, one per student layer."""
+    hidden_size: int | None = Field(None, gt=0)
+    intermediate_size: int | None = Field(None, gt=0)
+
+
+def _where(ctx: StageContext) -> str:
+    source = getattr(ctx.recipe, "_source", None) or "recipe"
+    return f"{source} stages[{ctx.index - 1}]"
+
+
+@register_stage("distill", DistillConfig)
+def run(ctx: StageContext) -> StageResult:
+    cfg: DistillConfig = ctx.config  # type: ignore[assignment]
+    start = time.time()
+    teacher_cfg = ctx.recipe.teacher
+    source, tokenizer = load_classifier(
+        ctx.input_dir, trust_remote_code=teacher_cfg.trust_remote_code, allow_pickle=teacher_cfg.allow_pickle
+    )
+    try:
+        student, built = build_student(
+            source, cfg.layers, cfg.init, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size
+        )
+    except ModelError as exc:
+        raise RecipeError(f"{_where(ctx)}.{exc}") from None
+    try:
+        outcome = distill_model(student, tokenizer, ctx.teacher_dir, ctx, cfg)
+    except RecipeError as exc:
+        raise RecipeError(f"{_where(ctx)}.{exc}") from None
+    if outcome.is_main_process:
+        save_checkpoint(student, tokenizer, ctx.out_dir)
+    metrics = {
+        **outcome.metrics,
+        "parameters": count_parameters(student),
+        "source_parameters": count_parameters(source),
+        "wall_time_s": round(time.time() - start, 2),
+    }
+    info = {
+        **outcome.info,
+        "student": {k: v for k, v in built.items() if k != "fresh_tensors"},
+        "fresh_tensors": len(built["fresh_tensors"]),
+    }
+    return StageResult(metrics=metrics, info=info)

@@ -1,0 +1,92 @@
+"""The distill stage end to end on a tiny model: a shallower student that tracks its teacher."""
+
+from __future__ import annotations
+
+import pytest
+
+from compress.errors import RecipeError
+from compress.io import read_json
+from compress.models import load_classifier
+from compress.pipeline import run_recipe
+from compress.recipe import load_recipe
+from tests.helpers.tiny import write_recipe, write_reviews
+
+FINETUNE = "  - type: finetune\n    when: always\n    epochs: 10\n    batch_size: 16\n    lr: 3.0e-3\n"
+DISTILL = """  - type: distill
+    layers: 1
+    epochs: 4
+    batch_size: 16
+    lr: 3.0e-3
+    patience: null
+    weights: {{soft: 1.0, hard: 0.5, hidden: {hidden}, attention: {attention}}}
+    hidden: {{metric: {metric}, include_embeddings: true}}
+{extra}"""
+
+
+@pytest.fixture(scope="module")
+def teacher(tmp_path_factory, tiny_bert_dir):
+    """The tiny model fine-tuned once for the module: (teacher folder, data files)."""
+    root = tmp_path_factory.mktemp("teacher")
+    data = write_reviews(root / "data")
+    result = run_recipe(
+        load_recipe(write_recipe(root / "r.yaml", teacher=tiny_bert_dir, data=data, stages=FINETUNE)),
+        root / "runs",
+    )
+    return result.stages[0].dir, data
+
+
+def run(tmp_path, teacher, **kw):
+    values = {"hidden": 1.0, "attention": 0.0, "metric": "cosine", "extra": "", **kw}
+    stages = DISTILL.format(**values)
+    recipe = load_recipe(
+        write_recipe(tmp_path / "r.yaml", teacher=teacher[0], data=teacher[1], stages=stages)
+    )
+    return run_recipe(recipe, tmp_path / "runs")
+
+
+def test_distilled_student_keeps_the_teachers_accuracy(tmp_path, teacher):
+    result = run(tmp_path, teacher)
+    folder = result.stages[0].dir
+    manifest = read_json(folder / "manifest.json")
+    metrics = manifest["metrics"]
+    assert metrics["teacher_accuracy"] >= 0.8
+    assert metrics["accuracy"] >= metrics["teacher_accuracy"] - 0.1, metrics["eval_curve"]
+    assert metrics["agreement"] >= 0.8
+    assert metrics["parameters"] < metrics["source_parameters"]
+    assert set(metrics["loss_curves"]) == {"soft", "hard", "hidden", "total"}
+    assert len(metrics["loss_curves"]["total"]) == metrics["epochs_run"] == 4
+    assert metrics["loss_curves"]["soft"][-1] < metrics["loss_curves"]["soft"][0]
+    assert manifest["info"]["layer_map"] == [[0, 0], [1, 2]]
+    student, _ = load_classifier(folder)
+    assert student.config.num_hidden_layers == 1
+    cached = list((result.run_dir / ".cache" / "distill").glob("teacher-*.safetensors"))
+    assert len(cached) == 2  # train (with hidden states) and eval (logits only)
+
+
+def test_attention_and_projected_mse_terms_train_a_narrower_student(tmp_path, teacher):
+    result = run(tmp_path, teacher, attention=1.0, metric="mse", extra="    hidden_size: 16\n")
+    manifest = read_json(result.stages[0].dir / "manifest.json")
+    curves = manifest["metrics"]["loss_curves"]
+    assert manifest["metrics"]["parameters"] < manifest["metrics"]["source_parameters"] / 2
+    assert curves["attention"][-1] < curves["attention"][0]
+    assert curves["hidden"][-1] < curves["hidden"][0]
+
+
+def test_layer_map_out_of_range_is_a_recipe_error(tmp_path, teacher):
+    stages = (
+        "  - type: distill\n    layers: 1\n    weights: {hidden: 1.0}\n    hidden: {layer_map: [[1, 5]]}\n"
+    )
+    recipe = load_recipe(
+        write_recipe(tmp_path / "r.yaml", teacher=teacher[0], data=teacher[1], stages=stages)
+    )
+    with pytest.raises(RecipeError, match=r"stages\[0\]\.hidden\.layer_map: pair \[1, 5\] is out of range"):
+        run_recipe(recipe, tmp_path / "runs")
+
+
+def test_more_layers_than_the_teacher_is_a_recipe_error(tmp_path, teacher):
+    stages = "  - type: distill\n    layers: 3\n"
+    recipe = load_recipe(
+        write_recipe(tmp_path / "r.yaml", teacher=teacher[0], data=teacher[1], stages=stages)
+    )
+    with pytest.raises(RecipeError, match=r"stages\[0\]\.layers: 3 is more than the teacher's 2 layers"):
+        run_recipe(recipe, tmp_path / "runs")
