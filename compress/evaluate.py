@@ -17,32 +17,18 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
 from compress.data import Split
-from compress.errors import CompressError, DataError, ModelError
+from compress.errors import CompressError, DataError
 from compress.footprint import artifact_parameters, model_bytes_and_sha, total_bytes
 from compress.io import read_json
 from compress.metrics import fidelity_metrics, task_metrics
+from compress.subjects import Subject
 
 log = logging.getLogger(__name__)
-
-Role = Literal["teacher", "checkpoint", "artifact"]
-
-
-@dataclass(frozen=True)
-class Subject:
-    """One model to evaluate and what is known about it before running it."""
-
-    name: str
-    path: Path
-    format: Literal["torch", "onnx", "tflite"]
-    role: Role
-    label_names: list[str]
-    target: str | None = None
-    precision: str = "fp32"
 
 
 @dataclass(frozen=True)
@@ -66,91 +52,6 @@ class Settings:
             threads=ev.threads,
             max_length=recipe.task.max_length,
         )
-
-
-def subject_at(path: str | Path, *, teacher: bool = False, name: str | None = None) -> Subject:
-    """The model stored in a folder: an artifact (manifest kind ``artifact``) or a Hugging Face checkpoint."""
-    folder = Path(path)
-    folder = folder.parent if folder.is_file() else folder
-    manifest_path = folder / "manifest.json"
-    manifest = read_json(manifest_path) if manifest_path.is_file() else {}
-    if manifest.get("kind") == "artifact" and not teacher:
-        labels_file = folder / "labels.json"
-        if not labels_file.is_file():
-            raise ModelError(f"{folder}: artifact has no labels.json; re-export it")
-        return Subject(
-            name or manifest.get("name") or folder.name,
-            folder,
-            manifest["format"],
-            "artifact",
-            [str(n) for n in read_json(labels_file)],
-            manifest.get("target"),
-            manifest.get("precision", "fp32"),
-        )
-    if (folder / "config.json").is_file():
-        id2label = read_json(folder / "config.json").get("id2label") or {"0": "0", "1": "1"}
-        names = [str(id2label[k]) for k in sorted(id2label, key=int)]
-        return Subject(name or folder.name, folder, "torch", "teacher" if teacher else "checkpoint", names)
-    what = (
-        "a Hugging Face checkpoint (config.json)"
-        if teacher
-        else (
-            "an artifact folder (manifest.json with kind: artifact), a Hugging Face checkpoint "
-            "(config.json) or a run folder"
-        )
-    )
-    raise ModelError(f"{folder}: not {what}; point at one of them")
-
-
-def _stage_folders(run_dir: Path, recipe: Any | None) -> list[tuple[str, Path]]:
-    if recipe is not None:
-        return [(s.type, run_dir / f"{i:02d}-{s.type}") for i, s in enumerate(recipe.stages, 1)]
-    if not (run_dir / "run.json").is_file():
-        raise CompressError(
-            f"{run_dir}: no run.json, so not a finished run; run `compress run RECIPE` first "
-            "or point at one artifact folder"
-        )
-    return [(s["type"], run_dir / s["dir"]) for s in read_json(run_dir / "run.json")["stages"]]
-
-
-def _recipe_teacher(run_dir: Path, recipe: Any | None) -> Path:
-    if recipe is None:
-        return Path(read_json(run_dir / "run.json")["teacher_dir"])
-    from compress.models import resolve_teacher
-    from compress.recipe import recipe_dir
-
-    return resolve_teacher(recipe.teacher, recipe_dir(recipe))
-
-
-def run_subjects(run_dir: str | Path, recipe: Any | None = None) -> list[Subject]:
-    """The teacher, each checkpoint a stage produced and every artifact of a run, in stage order.
-
-    Stage folders come from the recipe (or the run's run.json), so a folder left over from an
-    older version of the recipe is never reported as part of this run.
-    """
-    from compress.stages import STAGES
-
-    run_dir = Path(run_dir)
-    teacher, found = None, []
-    for stage_type, folder in _stage_folders(run_dir, recipe):
-        manifest_path = folder / "manifest.json"
-        if not manifest_path.is_file() or read_json(manifest_path).get("complete") is not True:
-            log.warning("%s: stage not finished; skipped", folder)
-            continue
-        produces = read_json(manifest_path).get("produces")
-        if stage_type in STAGES and STAGES[stage_type].sets_teacher:
-            teacher = folder
-        elif produces == "model":
-            found.append(subject_at(folder, name=folder.name))
-        elif produces == "artifacts":
-            found += [
-                subject_at(sub)
-                for sub in sorted(folder.iterdir())
-                if (sub / "manifest.json").is_file()
-                and read_json(sub / "manifest.json").get("kind") == "artifact"
-            ]
-    teacher = teacher or _recipe_teacher(run_dir, recipe)
-    return [subject_at(teacher, teacher=True, name="teacher"), *found]
 
 
 def threads_for(subject: Subject, settings: Settings) -> int:
@@ -269,3 +170,34 @@ def evaluate_subjects(subjects: list[Subject], split: Split, settings: Settings)
             entry, _ = evaluate_subject(subject, split, settings, teacher_logits)
             out["checkpoints" if subject.role == "checkpoint" else "artifacts"].append(entry)
     return out
+
+
+def evaluate_path(
+    path: str | Path,
+    data: str | Path,
+    *,
+    text: str = "text",
+    text_pair: str | None = None,
+    label: str | None = "label",
+    teacher: str | Path | None = None,
+) -> dict[str, Any]:
+    """``compress eval``: one artifact, checkpoint or whole run on any data file, no recipe needed.
+
+    A run brings its own teacher and evaluation settings (from its recipe); ``teacher`` replaces
+    the run's teacher, or adds one to compare a single artifact against.
+    """
+    from compress.data import load_file
+    from compress.subjects import is_run, recipe_of_run, run_subjects, subject_at
+
+    settings = Settings()
+    if is_run(path):
+        settings = Settings.from_recipe(recipe_of_run(path))
+        subjects = run_subjects(path)
+        if teacher is not None:
+            subjects = [s for s in subjects if s.role != "teacher"]
+    else:
+        subjects = [subject_at(path)]
+    if teacher is not None:
+        subjects.insert(0, subject_at(teacher, teacher=True, name="teacher"))
+    split = load_file(data, text=text, text_pair=text_pair, label=label, label_names=subjects[0].label_names)
+    return evaluate_subjects(subjects, split, settings)

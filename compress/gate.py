@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from compress.errors import GateFailure
+from compress.errors import CompressError, GateFailure
 from compress.io import atomic_path
 from compress.recipe import BaselineGates, GatesConfig
 
@@ -78,7 +78,9 @@ ABSOLUTE: dict[str, tuple[Callable[[Entry, Entry | None], float | None], bool]] 
 }
 
 
-def _judge(gate: str, name: str, value: float | None, threshold: float, is_min: bool, detail: str = "") -> Verdict:
+def _judge(
+    gate: str, name: str, value: float | None, threshold: float, is_min: bool, detail: str = ""
+) -> Verdict:
     if value is None:
         return Verdict(gate, name, None, threshold, "fail", detail or "the report has no value for it")
     ok = value >= threshold if is_min else value <= threshold
@@ -103,7 +105,9 @@ def _latency_verdict(name: str, new: Entry, old: Entry, rules: BaselineGates) ->
     machines = (new.get("measured", {}).get("machine"), old.get("measured", {}).get("machine"))
     now, before = _p(new, "p50"), _p(old, "p50")
     if machines[0] != machines[1]:
-        return Verdict(gate, name, None, rules.max_latency_rise, "skip", f"measured on {machines[1]}, now {machines[0]}")
+        return Verdict(
+            gate, name, None, rules.max_latency_rise, "skip", f"measured on {machines[1]}, now {machines[0]}"
+        )
     if now is None or not before:
         return _judge(gate, name, None, rules.max_latency_rise, False)
     rise = now / before - 1
@@ -112,7 +116,9 @@ def _latency_verdict(name: str, new: Entry, old: Entry, rules: BaselineGates) ->
     return Verdict(gate, name, rise, rules.max_latency_rise, "pass" if now <= allowed else "fail", detail)
 
 
-def baseline_verdicts(report: dict[str, Any], baseline: dict[str, Any], rules: BaselineGates) -> list[Verdict]:
+def baseline_verdicts(
+    report: dict[str, Any], baseline: dict[str, Any], rules: BaselineGates
+) -> list[Verdict]:
     """Each artifact of the baseline against the same-named artifact now; a vanished artifact fails."""
     current = {e["name"]: e for e in report.get("artifacts", [])}
     out = []
@@ -120,7 +126,11 @@ def baseline_verdicts(report: dict[str, Any], baseline: dict[str, Any], rules: B
         name = old["name"]
         new = current.get(name)
         if new is None:
-            out.append(Verdict("baseline.artifact_present", name, None, 1, "fail", "in the baseline, not in this report"))
+            out.append(
+                Verdict(
+                    "baseline.artifact_present", name, None, 1, "fail", "in the baseline, not in this report"
+                )
+            )
             continue
         drop = _drop(_metric(old, "accuracy"), _metric(new, "accuracy"))
         out.append(_judge("baseline.max_accuracy_drop", name, drop, rules.max_accuracy_drop, False))
@@ -141,6 +151,36 @@ def check_gates(
         rules = gates.baseline if gates and gates.baseline else BaselineGates()
         verdicts += baseline_verdicts(report, baseline, rules)
     return verdicts
+
+
+def load_baseline(config: dict[str, Any] | None, path: str | Path | None = None) -> dict[str, Any] | None:
+    """The baseline report: ``path`` if given, else the one ``gates.baseline.report`` names, else None."""
+    from compress.report import load_report
+
+    path = path or ((config or {}).get("baseline") or {}).get("report")
+    if not path:
+        return None
+    if not Path(path).is_file():
+        raise CompressError(
+            f"baseline report {path} not found; copy a good run's report.json there "
+            "or remove gates.baseline.report"
+        )
+    return load_report(path)
+
+
+def check_report_file(report_path: str | Path, baseline_path: str | Path | None = None) -> list[Verdict]:
+    """``compress gate``: the report's own gates config, against ``baseline_path`` or the configured one."""
+    from compress.report import load_report
+
+    report = load_report(report_path)
+    config = report.get("gates_config")
+    baseline = load_baseline(config, baseline_path)
+    if not config and baseline is None:
+        raise CompressError(
+            f"{report_path}: no gates to check (the recipe has no gates: and no --baseline was given); "
+            "add gates: to the recipe or pass --baseline OLD_REPORT"
+        )
+    return check_gates(report, config, baseline)
 
 
 def raise_on_failure(verdicts: list[Verdict]) -> None:

@@ -1,0 +1,189 @@
+"""The run report: ``report.json`` (the record), ``report.md`` (for people), ``report.png`` (the trade-off).
+
+Schema ``compress.report/1`` (top-level keys of report.json):
+
+- ``schema``, ``created`` (UTC ISO time), ``compress_version``, ``run`` (run folder), ``recipe`` (name),
+  ``split`` (which recipe split was evaluated), ``data`` {source, sha256, rows, labels, pairs},
+  ``host`` {machine, cpus}.
+- ``teacher``: one entry; ``checkpoints``: entries for models that stages produced (distill, share);
+  ``artifacts``: entries for every exported/quantized file. An entry is {name, role, path, format
+  (torch|onnx|tflite), target, precision, bytes (weights the runtime loads), total_bytes (whole folder),
+  sha256 (of the model file), parameters, max_length, measured {where: host, machine, system, runtime,
+  threads}, metrics {accuracy, macro_f1, f1 (two labels: positive class = id 1), per_class {label:
+  {support, predicted, correct}}, agreement, mean_kl, max_abs_logit_diff (vs the teacher),
+  latency_ms {p50, p90, p99, mean, samples, warmup, threads, padded_to}, throughput {batch_size,
+  items_per_s, runtime_batch}, peak_rss_bytes, rss_before_load_bytes}}.
+- ``device_results``: rows measured on a board (``compress report --device-results``): {artifact, where
+  (device), machine, cpu, board, runtime, threads, latency_ms, input_tokens, padded_to, created,
+  source}.
+- ``gates_config``: the recipe's ``gates`` (baseline path resolved), so ``compress gate`` needs no recipe;
+  ``gates``: [{gate, artifact, value, threshold, verdict (pass|fail|skip), detail}]; ``passed``.
+
+Additions keep the version; a renamed or removed key bumps it to ``compress.report/2``.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from compress.errors import CompressError
+from compress.io import read_json, write_json_atomic, write_text_atomic
+
+log = logging.getLogger(__name__)
+
+SCHEMA = "compress.report/1"
+DEVICE_SCHEMA = "compress.device-benchmark/1"
+
+
+def load_report(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if path.is_dir():
+        path = path / "report.json"
+    try:
+        report = read_json(path)
+    except FileNotFoundError:
+        raise CompressError(
+            f"{path}: no report; `compress run RECIPE` writes runs/<name>/report.json"
+        ) from None
+    except ValueError as exc:
+        raise CompressError(
+            f"{path}: not valid JSON ({exc}); regenerate it with `compress report RUN`"
+        ) from None
+    if not isinstance(report, dict) or report.get("schema") != SCHEMA:
+        found = report.get("schema") if isinstance(report, dict) else type(report).__name__
+        raise CompressError(
+            f"{path}: schema {found!r} is not {SCHEMA!r}; regenerate it with `compress report RUN`"
+        )
+    return report
+
+
+def _gates_config(recipe: Any) -> dict[str, Any] | None:
+    if recipe.gates is None:
+        return None
+    from compress.recipe import resolve_path
+
+    config = recipe.gates.model_dump()
+    baseline = config.get("baseline") or {}
+    if baseline.get("report"):
+        baseline["report"] = str(resolve_path(recipe, baseline["report"]).resolve())
+    return config
+
+
+def evaluate_run(run_dir: str | Path, recipe: Any) -> dict[str, Any]:
+    """Evaluate the run's teacher, checkpoints and artifacts on the recipe's final split."""
+    from compress import __version__
+    from compress.data import load_recipe_split
+    from compress.evaluate import Settings, evaluate_subjects
+    from compress.subjects import run_subjects
+
+    run_dir = Path(run_dir).resolve()
+    split_name = recipe.evaluate.split or ("test" if recipe.data.test is not None else "eval")
+    split = load_recipe_split(recipe, split_name)
+    evaluation = evaluate_subjects(run_subjects(run_dir, recipe), split, Settings.from_recipe(recipe))
+    return {
+        "schema": SCHEMA,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "compress_version": __version__,
+        "run": str(run_dir),
+        "recipe": recipe.name,
+        "split": split_name,
+        **evaluation,
+        "device_results": [],
+        "gates_config": _gates_config(recipe),
+    }
+
+
+def apply_gates(report: dict[str, Any]) -> None:
+    """Judge ``report`` with its own gates config (and baseline report, if one is configured)."""
+    from compress.gate import check_gates, load_baseline
+
+    config = report.get("gates_config")
+    verdicts = check_gates(report, config, load_baseline(config))
+    report["gates"] = [v.to_json() for v in verdicts]
+    report["passed"] = not any(v.failed for v in verdicts)
+
+
+def write_report(run_dir: str | Path, report: dict[str, Any]) -> None:
+    """report.png and report.md first, report.json last: a report.json means the set is complete."""
+    from compress.report_render import markdown, plot
+
+    run_dir = Path(run_dir)
+    plot(report, run_dir / "report.png")
+    write_text_atomic(run_dir / "report.md", markdown(report))
+    write_json_atomic(run_dir / "report.json", report)
+
+
+def build_run_report(run_dir: str | Path, recipe: Any) -> dict[str, Any]:
+    """Evaluate a finished run, judge its gates and write report.json, report.md and report.png."""
+    report = evaluate_run(run_dir, recipe)
+    apply_gates(report)
+    write_report(run_dir, report)
+    return report
+
+
+def _device_row(result: dict[str, Any], artifacts: list[dict[str, Any]], source: Path) -> dict[str, Any]:
+    if result.get("schema") != DEVICE_SCHEMA:
+        raise CompressError(
+            f"{source}: schema {result.get('schema')!r} is not {DEVICE_SCHEMA!r}; "
+            "write it with the bundle's `runner.py benchmark --out FILE`"
+        )
+    match = [a for a in artifacts if a["sha256"] == result.get("model_sha256")]
+    if not match:
+        raise CompressError(
+            f"{source}: model sha256 {str(result.get('model_sha256'))[:12]}… matches no artifact "
+            "of this run; benchmark a bundle made from this run"
+        )
+    device, interpreter = result.get("device") or {}, result.get("interpreter") or {}
+    return {
+        "artifact": match[0]["name"],
+        "where": "device",
+        "machine": device.get("machine"),
+        "cpu": device.get("cpu_model"),
+        "board": device.get("board"),
+        "runtime": f"{interpreter.get('name')} {interpreter.get('version')}",
+        "threads": result.get("threads"),
+        "latency_ms": result.get("latency_ms"),
+        "input_tokens": result.get("input_tokens"),
+        "padded_to": result.get("padded_to"),
+        "created": result.get("created"),
+        "source": str(source),
+    }
+
+
+def merge_device_results(report: dict[str, Any], path: str | Path) -> None:
+    """Add rows from a device benchmark file; a row for the same artifact, device and runtime is replaced."""
+    path = Path(path)
+    try:
+        data = read_json(path)
+    except (OSError, ValueError) as exc:
+        raise CompressError(
+            f"{path}: cannot read device results ({exc}); pass the JSON from `runner.py benchmark --out FILE`"
+        ) from None
+    rows = [
+        _device_row(r, report.get("artifacts", []), path)
+        for r in (data if isinstance(data, list) else [data])
+    ]
+    keys = ("artifact", "where", "machine", "cpu", "runtime", "threads")
+    fresh = {tuple(r[k] for k in keys) for r in rows}
+    kept = [r for r in report.get("device_results", []) if tuple(r.get(k) for k in keys) not in fresh]
+    report["device_results"] = kept + rows
+
+
+def regenerate(run_dir: str | Path, device_results: str | Path | None = None) -> dict[str, Any]:
+    """Rewrite a run's report files, merging device results; evaluate only if there is no report.json."""
+    run_dir = Path(run_dir)
+    report_path = run_dir / "report.json"
+    if report_path.is_file():
+        report = load_report(report_path)
+    else:
+        from compress.subjects import recipe_of_run
+
+        report = evaluate_run(run_dir, recipe_of_run(run_dir))
+    if device_results is not None:
+        merge_device_results(report, device_results)
+    apply_gates(report)
+    write_report(run_dir, report)
+    return report

@@ -1,0 +1,240 @@
+"""Render a report dict for people: a Markdown page and an accuracy-vs-latency plot.
+
+Everything shown is read from report.json, so ``compress report RUN`` can redraw both without
+running a model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from compress.io import atomic_path
+
+Entry = dict[str, Any]
+
+
+def _num(value: Any, digits: int = 4) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return f"{value:.{digits}f}"
+
+
+def _signed(value: float | None, digits: int = 4) -> str:
+    return "–" if value is None else f"{value:+.{digits}f}"
+
+
+def _lat(entry: Entry, key: str) -> float | None:
+    return (entry["metrics"].get("latency_ms") or {}).get(key)
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a and b else None
+
+
+def entries(report: dict[str, Any]) -> list[Entry]:
+    """Teacher first, then checkpoints, then artifacts: the order a model moves through a run."""
+    first = [report["teacher"]] if report.get("teacher") else []
+    return first + report.get("checkpoints", []) + report.get("artifacts", [])
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    return lines + ["| " + " | ".join(row) + " |" for row in rows]
+
+
+def quality_table(report: dict[str, Any]) -> list[str]:
+    teacher_acc = (report.get("teacher") or {}).get("metrics", {}).get("accuracy")
+    rows = []
+    for e in entries(report):
+        m = e["metrics"]
+        drop = None if teacher_acc is None or m.get("accuracy") is None else m["accuracy"] - teacher_acc
+        rows.append(
+            [
+                f"`{e['name']}`",
+                e["format"],
+                e.get("target") or "–",
+                e.get("precision") or "–",
+                _num(m.get("accuracy")),
+                _signed(drop),
+                _num(m.get("f1")),
+                _num(m.get("macro_f1")),
+                _num(m.get("agreement")),
+                _num(m.get("mean_kl"), 5),
+                _num(m.get("max_abs_logit_diff")),
+            ]
+        )
+    header = [
+        "model",
+        "format",
+        "target",
+        "precision",
+        "accuracy",
+        "Δ acc vs teacher",
+        "F1 (pos.)",
+        "macro F1",
+        "agreement",
+        "mean KL",
+        "max abs Δ logit",
+    ]
+    return _table(header, rows)
+
+
+def cost_table(report: dict[str, Any]) -> list[str]:
+    teacher = report.get("teacher") or {}
+    t_p50, t_bytes = (_lat(teacher, "p50") if teacher else None), teacher.get("bytes")
+    rows = []
+    for e in entries(report):
+        m, where = e["metrics"], e.get("measured", {})
+        speedup, smaller = _ratio(t_p50, _lat(e, "p50")), _ratio(t_bytes, e.get("bytes"))
+        rows.append(
+            [
+                f"`{e['name']}`",
+                _num(_lat(e, "p50"), 2),
+                _num(_lat(e, "p90"), 2),
+                _num(_lat(e, "p99"), 2),
+                f"{speedup:.2f}×" if speedup else "–",
+                _num((m.get("throughput") or {}).get("items_per_s"), 1),
+                f"{e['bytes'] / 1e6:.2f}",
+                f"{smaller:.2f}×" if smaller else "–",
+                _num(e.get("parameters")),
+                f"{m['peak_rss_bytes'] / 1e6:.0f}" if m.get("peak_rss_bytes") else "–",
+                f"{where.get('runtime', '–')}, {where.get('threads', '–')} thr, {where.get('machine', '–')}",
+            ]
+        )
+    header = [
+        "model",
+        "p50 ms",
+        "p90 ms",
+        "p99 ms",
+        "speedup",
+        "items/s",
+        "MB",
+        "smaller",
+        "parameters",
+        "peak RSS MB",
+        "runtime",
+    ]
+    return _table(header, rows)
+
+
+def class_table(report: dict[str, Any]) -> list[str]:
+    labels = report.get("data", {}).get("labels", [])
+    rows = []
+    for e in entries(report):
+        per = e["metrics"].get("per_class") or {}
+        rows.append(
+            [f"`{e['name']}`"]
+            + [
+                f"{per[n]['correct']}/{per[n]['support']} (pred {per[n]['predicted']})" if n in per else "–"
+                for n in labels
+            ]
+        )
+    return _table(["model", *[f"{n}: correct/support" for n in labels]], rows)
+
+
+def gate_table(report: dict[str, Any]) -> list[str]:
+    rows = [
+        [
+            g["verdict"].upper(),
+            g["gate"],
+            f"`{g['artifact']}`",
+            _num(g["value"]),
+            _num(g["threshold"]),
+            g.get("detail") or "",
+        ]
+        for g in report.get("gates", [])
+    ]
+    return _table(["verdict", "gate", "artifact", "value", "threshold", "detail"], rows)
+
+
+def device_table(report: dict[str, Any]) -> list[str]:
+    host = {e["name"]: _lat(e, "p50") for e in report.get("artifacts", [])}
+    rows = [
+        [
+            f"`{r['artifact']}`",
+            r["where"],
+            f"{r.get('board') or r.get('cpu') or '–'} ({r.get('machine')})",
+            f"{r['runtime']}, {r.get('threads')} thr",
+            _num(r["latency_ms"].get("p50"), 2),
+            _num(r["latency_ms"].get("p90"), 2),
+            _num(r["latency_ms"].get("p99"), 2),
+            _num(host.get(r["artifact"]), 2),
+        ]
+        for r in report.get("device_results", [])
+    ]
+    return _table(
+        ["artifact", "where", "device", "runtime", "p50 ms", "p90 ms", "p99 ms", "host p50 ms"], rows
+    )
+
+
+def markdown(report: dict[str, Any]) -> str:
+    data, host = report.get("data", {}), report.get("host", {})
+    teacher = report.get("teacher") or {}
+    lat = (teacher.get("metrics") or {}).get("latency_ms") or {}
+    lines = [
+        f"# compress report: {report.get('recipe', '')}",
+        "",
+        f"Data: `{data.get('source')}` ({data.get('rows')} rows, split `{report.get('split')}`, sha256 "
+        f"`{str(data.get('sha256'))[:12]}`). Every model ran on host {host.get('machine')} "
+        f"({host.get('cpus')} CPUs) "
+        f"in its own process, through its own runtime and saved tokenizer. Latency: batch 1 over real eval "
+        f"sentences, tokenisation included, after {lat.get('warmup', '–')} warm-up requests; fixed-length "
+        "artifacts pad to their length. Deltas and ratios are against the teacher.",
+        "",
+        "## Quality and fidelity to the teacher",
+        "",
+        *quality_table(report),
+        "",
+        "## Cost",
+        "",
+        *cost_table(report),
+        "",
+        "## Per-class counts",
+        "",
+        *class_table(report),
+        "",
+    ]
+    if report.get("device_results"):
+        lines += ["## Measured on device", "", *device_table(report), ""]
+    if report.get("gates"):
+        verdict = "all passed" if report.get("passed") else "FAILED"
+        lines += [f"## Gates: {verdict}", "", *gate_table(report), ""]
+    lines += ["![accuracy vs p50 latency](report.png)", ""]
+    return "\n".join(lines)
+
+
+def plot(report: dict[str, Any], path: str | Path) -> None:
+    """Accuracy against p50 latency; marker area proportional to model bytes; one labelled point per model."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = [e for e in entries(report) if e["metrics"].get("accuracy") is not None and _lat(e, "p50")]
+    largest = max((e["bytes"] for e in points), default=1) or 1
+    fig, ax = plt.subplots(figsize=(8, 5.5), dpi=120)
+    for e in points:
+        color = {"teacher": "tab:red", "checkpoint": "tab:orange"}.get(e["role"], "tab:blue")
+        x, y = _lat(e, "p50"), e["metrics"]["accuracy"]
+        ax.scatter([x], [y], s=60 + 1500 * e["bytes"] / largest, alpha=0.45, color=color, edgecolors="black")
+        ax.annotate(
+            f"{e['name']}\n{e['bytes'] / 1e6:.1f} MB",
+            (x, y),
+            textcoords="offset points",
+            xytext=(8, 6),
+            fontsize=8,
+        )
+    latencies = [_lat(e, "p50") for e in points]
+    if latencies and max(latencies) / min(latencies) > 20:
+        ax.set_xscale("log")
+    ax.set_xlabel(f"p50 latency, batch 1 (ms, host {report.get('host', {}).get('machine', '')})")
+    ax.set_ylabel("accuracy")
+    ax.set_title(f"{report.get('recipe', '')}: accuracy vs latency (marker area ∝ model bytes)")
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png")
+    plt.close(fig)
