@@ -1,0 +1,169 @@
+"""Report: metrics from logits, device-result merging, and the three files written from report.json."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from compress.errors import CompressError
+from compress.metrics import fidelity_metrics, latency_summary, task_metrics
+from compress.report import SCHEMA, load_report, merge_device_results, regenerate
+from compress.report_render import markdown
+
+LABELS = ["negative", "positive"]
+
+
+def test_task_metrics_count_each_class_and_score_the_positive_class():
+    logits = np.array([[2, 0], [0, 2], [0, 2], [2, 0], [0, 2]], dtype=np.float32)  # predicts 0 1 1 0 1
+    labels = [0, 1, 0, 1, 1]
+    m = task_metrics(logits, labels, LABELS)
+    assert m["accuracy"] == pytest.approx(3 / 5)
+    assert m["per_class"] == {
+        "negative": {"support": 2, "predicted": 2, "correct": 1},
+        "positive": {"support": 3, "predicted": 3, "correct": 2},
+    }
+    assert m["f1"] == pytest.approx(2 / 3)  # positive: tp 2, fp 1, fn 1
+    assert m["macro_f1"] == pytest.approx((0.5 + 2 / 3) / 2)
+
+
+def test_a_student_that_predicts_one_class_shows_in_f1_not_only_accuracy():
+    logits = np.tile([3.0, 0.0], (10, 1))
+    m = task_metrics(logits, [0] * 8 + [1] * 2, LABELS)
+    assert m["accuracy"] == pytest.approx(0.8)
+    assert m["f1"] == 0.0
+    assert m["per_class"]["positive"]["predicted"] == 0
+
+
+def test_fidelity_metrics_against_the_teacher():
+    teacher = np.array([[1.0, 0.0], [0.0, 1.0], [2.0, 0.0]])
+    same = fidelity_metrics(teacher.copy(), teacher)
+    assert same == {"agreement": 1.0, "mean_kl": pytest.approx(0.0, abs=1e-12), "max_abs_logit_diff": 0.0}
+    student = np.array([[1.0, 0.0], [1.0, 0.0], [2.0, 0.5]])
+    diff = fidelity_metrics(student, teacher)
+    assert diff["agreement"] == pytest.approx(2 / 3)
+    assert diff["max_abs_logit_diff"] == pytest.approx(1.0)
+    p = np.exp(teacher) / np.exp(teacher).sum(1, keepdims=True)
+    q = np.exp(student) / np.exp(student).sum(1, keepdims=True)
+    assert diff["mean_kl"] == pytest.approx(float((p * np.log(p / q)).sum(1).mean()))
+
+
+def test_latency_summary_is_in_milliseconds():
+    s = latency_summary([0.001 * i for i in range(1, 101)])
+    assert s["p50"] == pytest.approx(50.5)
+    assert s["p99"] == pytest.approx(99.01)
+    assert s["samples"] == 100
+
+
+def _entry(name: str, role: str, fmt: str, acc: float, p50: float, size: int, sha: str) -> dict:
+    metrics = {
+        "accuracy": acc,
+        "macro_f1": acc,
+        "f1": acc,
+        "per_class": {
+            "negative": {"support": 5, "predicted": 5, "correct": 4},
+            "positive": {"support": 5, "predicted": 5, "correct": 4},
+        },
+        "latency_ms": {"p50": p50, "p90": p50 * 1.2, "p99": p50 * 1.5, "warmup": 10},
+        "throughput": {"batch_size": 32, "items_per_s": 1000 / p50},
+        "peak_rss_bytes": 300_000_000,
+    }
+    if role != "teacher":
+        metrics.update(agreement=0.97, mean_kl=0.01, max_abs_logit_diff=0.4)
+    return {
+        "name": name,
+        "role": role,
+        "format": fmt,
+        "target": None,
+        "precision": "fp32",
+        "bytes": size,
+        "sha256": sha,
+        "parameters": size // 4,
+        "metrics": metrics,
+        "measured": {"where": "host", "machine": "x86_64", "runtime": "x", "threads": 2},
+    }
+
+
+def _report() -> dict:
+    return {
+        "schema": SCHEMA,
+        "recipe": "tiny",
+        "split": "test",
+        "data": {"source": "test.tsv", "sha256": "ab" * 32, "rows": 10, "labels": LABELS, "pairs": False},
+        "host": {"machine": "x86_64", "cpus": 2},
+        "teacher": _entry("teacher", "teacher", "torch", 0.9, 40.0, 90_000_000, "t" * 64),
+        "checkpoints": [_entry("02-distill", "checkpoint", "torch", 0.88, 20.0, 40_000_000, "d" * 64)],
+        "artifacts": [_entry("03-export/pi4-int8", "artifact", "tflite", 0.87, 8.0, 10_000_000, "a" * 64)],
+        "device_results": [],
+        "gates_config": {"max_bytes": 5_000_000},
+    }
+
+
+def _device_result(sha: str = "a" * 64, p50: float = 31.0) -> dict:
+    return {
+        "schema": "compress.device-benchmark/1",
+        "artifact": "03-export/pi4-int8",
+        "model_sha256": sha,
+        "interpreter": {"name": "ai_edge_litert", "version": "2.3.0"},
+        "threads": 4,
+        "latency_ms": {"p50": p50, "p90": p50 + 2, "p99": p50 + 5},
+        "device": {"machine": "aarch64", "cpu_model": "Cortex-A72", "board": "Raspberry Pi 4 Model B"},
+    }
+
+
+def test_markdown_compares_every_model_with_the_teacher():
+    text = markdown({**_report(), "gates": [], "passed": True})
+    for name in ("`teacher`", "`02-distill`", "`03-export/pi4-int8`"):
+        assert name in text
+    assert "-0.0300" in text  # accuracy delta of the artifact
+    assert "5.00×" in text  # 40 ms -> 8 ms
+    assert "9.00×" in text  # 90 MB -> 10 MB
+
+
+def test_device_results_merge_by_model_hash_and_replace_the_same_device(tmp_path: Path):
+    report = _report()
+    first = tmp_path / "pi.json"
+    first.write_text(json.dumps(_device_result(p50=31.0)))
+    merge_device_results(report, first)
+    first.write_text(json.dumps([_device_result(p50=29.0)]))
+    merge_device_results(report, first)
+    rows = report["device_results"]
+    assert len(rows) == 1
+    assert rows[0]["artifact"] == "03-export/pi4-int8" and rows[0]["where"] == "device"
+    assert rows[0]["latency_ms"]["p50"] == 29.0
+
+
+def test_device_results_for_a_model_not_in_the_run_are_refused(tmp_path: Path):
+    path = tmp_path / "other.json"
+    path.write_text(json.dumps(_device_result(sha="f" * 64)))
+    with pytest.raises(CompressError, match="matches no artifact"):
+        merge_device_results(_report(), path)
+    path.write_text(json.dumps({"latency": 3}))
+    with pytest.raises(CompressError, match="device-benchmark/1"):
+        merge_device_results(_report(), path)
+
+
+def test_regenerate_writes_json_markdown_and_plot_and_rejudges_gates(tmp_path: Path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "report.json").write_text(json.dumps(_report()))
+    device = tmp_path / "pi.json"
+    device.write_text(json.dumps(_device_result()))
+    report = regenerate(run, device)
+    assert report["passed"] is False
+    assert [(g["gate"], g["artifact"], g["verdict"]) for g in report["gates"]] == [
+        ("max_bytes", "03-export/pi4-int8", "fail")
+    ]
+    saved = load_report(run / "report.json")
+    assert saved["device_results"][0]["cpu"] == "Cortex-A72"
+    text = (run / "report.md").read_text()
+    assert "Measured on device" in text and "Raspberry Pi 4 Model B" in text and "FAIL" in text
+    assert (run / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_report_of_another_schema_is_refused(tmp_path: Path):
+    (tmp_path / "report.json").write_text(json.dumps({"schema": "compress.report/0"}))
+    with pytest.raises(CompressError, match=r"compress\.report/1"):
+        load_report(tmp_path)
