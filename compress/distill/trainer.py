@@ -40,8 +40,8 @@ class DistillOutcome:
     is_main_process: bool
 
 
-def evaluate(student: Any, data: TransferData) -> dict[str, float]:
-    logits = predict_logits(student, data.eval_enc)
+def evaluate(student: Any, data: TransferData, batch_size: int) -> dict[str, float]:
+    logits = predict_logits(student, data.eval_enc, batch_size)
     return classification_metrics(logits, data.eval_labels, reference=data.eval_teacher_logits)
 
 
@@ -141,7 +141,7 @@ def distill_model(
         for name, value in sums.items():
             mean = accelerator.reduce((value / len(loader)).to(accelerator.device), "mean")
             curves.setdefault(name, []).append(round(float(mean), 6))
-        scores = evaluate(student, data)
+        scores = evaluate(student, data, options.eval_batch_size)
         history.append({"epoch": epoch, **scores})
         log.info("distill epoch %d: loss %.4f eval %s", epoch, curves["total"][-1], scores)
         score = scores[key]
