@@ -1,0 +1,217 @@
+"""What each ALBERT-style transform costs a distilled student, and what recovery wins back.
+
+Runs the ``share`` stage on a student checkpoint once per variant — layer sharing, factorised
+embedding, vocabulary pruning (each alone, no recovery), all three without and with recovery
+against the teacher — and records fp32 size (unique parameter bytes and the saved
+model.safetensors) and dev accuracy next to the teacher's. Target: the all-three student keeps
+>= 97% of the teacher's dev accuracy at <= 1/5 of the teacher's fp32 bytes.
+
+    python benchmarks/share_benchmark.py --teacher ../shared/models/minilm-l6-sst2 \\
+        --student runs/sst2/02-distill --train ../shared/data/sst2/train.tsv --dev ../shared/data/sst2/dev.tsv
+
+Use --limit to try it on a slice; numbers from a slice are not results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ACCURACY_SHARE = 0.97
+SIZE_SHARE = 0.2
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--teacher", type=Path, required=True, help="fine-tuned teacher folder (HF checkpoint)")
+    p.add_argument("--student", type=Path, required=True, help="distilled student folder to compress")
+    p.add_argument("--train", type=Path, required=True, help="training TSV (vocabulary + recovery)")
+    p.add_argument("--dev", type=Path, required=True, help="dev TSV for accuracy")
+    p.add_argument("--text", default="sentence", help="text column")
+    p.add_argument("--label", default="label", help="label column")
+    p.add_argument("--labels", default="negative,positive", help="label names in id order")
+    p.add_argument("--max-length", type=int, default=64)
+    p.add_argument("--embedding-rank", type=int, default=128)
+    p.add_argument("--layers", default="{mode: all}", help="YAML of share.layers")
+    p.add_argument("--vocab", default="{}", help="YAML of share.vocab")
+    p.add_argument(
+        "--recovery",
+        default="{epochs: 3}",
+        help="YAML of share.recovery (distill options); null skips the recovery row",
+    )
+    p.add_argument("--limit", type=int, default=None, help="use only the first N rows of train and dev")
+    p.add_argument(
+        "--work-dir", type=Path, default=None, help="where checkpoints go (default: a temp folder)"
+    )
+    p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
+    p.add_argument("--name", default="share_benchmark", help="base name of the JSON and Markdown results")
+    return p.parse_args(argv)
+
+
+def write_recipe(args: argparse.Namespace, folder: Path) -> Path:
+    limit = {"limit": args.limit} if args.limit else {}
+    recipe = {
+        "name": "share-benchmark",
+        "seed": 0,
+        "task": {
+            "text": args.text,
+            "label": args.label,
+            "labels": args.labels.split(","),
+            "max_length": args.max_length,
+        },
+        "teacher": {"path": str(args.teacher.resolve())},
+        "data": {
+            "train": {"path": str(args.train.resolve()), **limit},
+            "eval": {"path": str(args.dev.resolve()), **limit},
+        },
+        "stages": [{"type": "share", "vocab": {}, "recovery": None}],
+    }
+    path = folder / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    return path
+
+
+def variants(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    layers, vocab, recovery = (yaml.safe_load(v) for v in (args.layers, args.vocab, args.recovery))
+    rank = args.embedding_rank
+    chosen = {
+        "layers": {"layers": layers, "recovery": None},
+        "embedding": {"embedding_rank": rank, "recovery": None},
+        "vocab": {"vocab": vocab, "recovery": None},
+        "all three": {"layers": layers, "embedding_rank": rank, "vocab": vocab, "recovery": None},
+        "all three + recovery": {
+            "layers": layers,
+            "embedding_rank": rank,
+            "vocab": vocab,
+            "recovery": recovery,
+        },
+    }
+    if recovery is None:
+        del chosen["all three + recovery"]
+    return chosen
+
+
+def checkpoint_row(recipe: Any, name: str, folder: Path) -> dict[str, Any]:
+    """Size and dev accuracy of an existing checkpoint (the teacher, the untouched student)."""
+    from compress.data import load_recipe_split
+    from compress.models import load_classifier
+    from compress.share.model import is_shared_folder, load_shared_classifier, parameter_stats
+    from compress.training import classification_metrics, encode, predict_logits
+
+    model, tokenizer = load_shared_classifier(folder) if is_shared_folder(folder) else load_classifier(folder)
+    dev = load_recipe_split(recipe, "eval")
+    logits = predict_logits(model, encode(tokenizer, dev, recipe.task.max_length))
+    return {
+        "variant": name,
+        **parameter_stats(model),
+        **classification_metrics(logits, dev.labels),
+        "checkpoint_bytes": (folder / "model.safetensors").stat().st_size,
+    }
+
+
+def run_variant(recipe: Any, name: str, config: dict[str, Any], args: argparse.Namespace, work: Path) -> dict:
+    """Run the share stage on the student with ``config``; its manifest metrics become the row."""
+    from compress.stages import get_stage
+    from compress.stages.base import StageContext
+
+    spec = get_stage("share")
+    cfg = spec.config_cls.model_validate({"type": "share", **config})
+    out = work / name.replace(" + ", "-plus-").replace(" ", "-")
+    out.mkdir(parents=True, exist_ok=True)
+    ctx = StageContext(
+        recipe=recipe,
+        config=cfg,
+        index=1,
+        out_dir=out,
+        run_dir=work,
+        teacher_dir=args.teacher,
+        input_dir=args.student,
+        previous=[],
+        cache_dir=work / ".cache",
+        seed=recipe.seed,
+    )
+    start = time.time()
+    m = spec.run(ctx).metrics
+    row = {"variant": name, **{k: m[k] for k in ("parameters", "bytes", "checkpoint_bytes", "accuracy")}}
+    if config.get("recovery") is not None:
+        row["accuracy_before_recovery"] = m["steps"][-2]["accuracy"]
+    return {**row, "steps": m["steps"], "seconds": round(time.time() - start, 1)}
+
+
+def markdown(result: dict[str, Any]) -> str:
+    teacher = result["rows"][0]
+    scope = f"slice of {result['limit']} rows, not a result" if result["limit"] else "full data"
+    lines = [
+        f"# Share benchmark ({scope})",
+        "",
+        f"Teacher `{result['teacher']}`, student `{result['student']}`.",
+        "",
+        "| variant | unique params | fp32 bytes | file bytes | × teacher bytes | dev acc | × teacher acc |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in result["rows"]:
+        lines.append(
+            f"| {row['variant']} | {row['parameters']:,} | {row['bytes']:,} | {row['checkpoint_bytes']:,} | "
+            f"{row['checkpoint_bytes'] / teacher['checkpoint_bytes']:.3f} | {row['accuracy']:.4f} | "
+            f"{row['accuracy'] / teacher['accuracy']:.3f} |"
+        )
+    target = result["target"]
+    lines += [
+        "",
+        f"Target (all three + recovery): accuracy >= {ACCURACY_SHARE:.0%} of the teacher's and checkpoint "
+        f"<= {SIZE_SHARE:.0%} of its fp32 bytes: **{'met' if target['met'] else 'not met'}** "
+        f"({target['accuracy_share']:.3f} of accuracy, {target['size_share']:.3f} of bytes).",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    from compress.recipe import load_recipe
+
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    with tempfile.TemporaryDirectory() as tmp:
+        work = (args.work_dir or Path(tmp)).resolve()
+        work.mkdir(parents=True, exist_ok=True)
+        recipe = load_recipe(write_recipe(args, work))
+        rows = [
+            checkpoint_row(recipe, "teacher", args.teacher),
+            checkpoint_row(recipe, "student", args.student),
+        ]
+        rows += [run_variant(recipe, name, config, args, work) for name, config in variants(args).items()]
+    final, teacher = rows[-1], rows[0]
+    target = {
+        "accuracy_share": final["accuracy"] / teacher["accuracy"],
+        "size_share": final["checkpoint_bytes"] / teacher["checkpoint_bytes"],
+    }
+    target["met"] = target["accuracy_share"] >= ACCURACY_SHARE and target["size_share"] <= SIZE_SHARE
+    result = {
+        "teacher": str(args.teacher),
+        "student": str(args.student),
+        "train": str(args.train),
+        "dev": str(args.dev),
+        "limit": args.limit,
+        "embedding_rank": args.embedding_rank,
+        "layers": yaml.safe_load(args.layers),
+        "vocab": yaml.safe_load(args.vocab),
+        "recovery": yaml.safe_load(args.recovery),
+        "rows": rows,
+        "target": target,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    (args.out / f"{args.name}.md").write_text(markdown(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()
