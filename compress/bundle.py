@@ -1,0 +1,161 @@
+"""Deploy bundles: one tar.gz with everything a board needs to classify text, and nothing it does not.
+
+A bundle holds the run's artifact for one target (int8 when the run made one), its tokenizer and
+label names, the single-file runner, requirements for the device and a manifest with the sha256 of
+every file. The runner checks that manifest before it loads the model, so a bundle copied to a
+board either runs exactly what compress checked or refuses to run. torch and transformers never
+go in: the board installs numpy, tokenizers and an interpreter only.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import logging
+import tarfile
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from compress.errors import CompressError
+from compress.io import atomic_path, read_json, sha256_file
+
+log = logging.getLogger(__name__)
+
+BUNDLE_SCHEMA = "compress.bundle/1"
+RUNNER = Path(__file__).resolve().parent / "runtime" / "runner.py"
+KEPT = ("name", "format", "target", "precision", "quantization", "inputs", "outputs", "max_length")
+FALLBACK_TFLITE = ("tflite-runtime==2.14.0", "numpy<2", "tokenizers>=0.19")
+
+
+def choose_artifact(run_dir: Path, target: str) -> Path:
+    """The run's artifact for ``target``: int8 over fp32, then the latest stage (quantize follows export)."""
+    from compress.subjects import run_subjects
+
+    artifacts = [s for s in run_subjects(run_dir) if s.role == "artifact"]
+    matching = [s for s in artifacts if s.target == target]
+    if not matching:
+        made = sorted({str(s.target) for s in artifacts}) or ["none"]
+        raise CompressError(
+            f"{run_dir}: no artifact for target '{target}' (this run made: {', '.join(made)}); "
+            "add the target to the recipe's targets and run it again"
+        )
+    best = max(enumerate(matching), key=lambda pair: (pair[1].precision == "int8", pair[0]))[1]
+    log.info("bundling %s (%s, %s)", best.name, best.format, best.precision)
+    return best.path
+
+
+def requirement_lines(fmt: str) -> dict[str, list[str]]:
+    """Device requirements per file, with the interpreter versions compress itself checked against."""
+
+    def at_least(package: str) -> str:
+        try:
+            return f"{package}>={metadata.version(package)}"
+        except metadata.PackageNotFoundError:
+            return package
+
+    tokenizers = f"tokenizers>={'.'.join(metadata.version('tokenizers').split('.')[:2])}"
+    if fmt == "onnx":
+        return {"requirements.txt": [at_least("onnxruntime"), "numpy", tokenizers]}
+    return {
+        "requirements.txt": [at_least("ai-edge-litert"), "numpy", tokenizers],
+        "requirements-tflite-runtime.txt": list(FALLBACK_TFLITE),
+    }
+
+
+def readme_text(manifest: dict[str, Any], labels: list[str], bundle_name: str) -> str:
+    extra = (
+        "  # or, where ai-edge-litert has no wheel (Python <= 3.11):\n"
+        "  #   pip install -r requirements-tflite-runtime.txt\n"
+        if manifest["format"] == "tflite"
+        else ""
+    )
+    return (
+        f"{bundle_name}: {manifest['name']} ({manifest['format']}, {manifest['precision']}) "
+        f"for {manifest['target']}\n"
+        f"Labels: {', '.join(labels)}. Texts longer than {manifest['max_length']} tokens "
+        "are truncated.\n\n"
+        "Install (Python 3.10 or newer; Raspberry Pi OS bookworm has 3.11):\n"
+        "  python3 -m venv ~/compress-env && . ~/compress-env/bin/activate\n"
+        f"  pip install -r requirements.txt\n{extra}\n"
+        "Run:\n"
+        '  python3 runner.py predict "some text"\n'
+        "  python3 runner.py predict --file texts.txt --out predictions.jsonl   # .txt, .tsv or .jsonl\n"
+        "  python3 runner.py benchmark --out device.json\n\n"
+        "runner.py checks the sha256 of every file in manifest.json before loading the model.\n"
+        "On the host, merge device.json into the run's report:\n"
+        "  compress report RUN --device-results device.json\n"
+    )
+
+
+def bundle_files(artifact: Path, target_threads: int, bundle_name: str) -> dict[str, bytes]:
+    """Every file of the bundle by name, the artifact's own files checked against its manifest first."""
+    source = read_json(artifact / "manifest.json")
+    files: dict[str, bytes] = {}
+    for entry in source["files"]:
+        path = artifact / entry["path"]
+        if not path.is_file() or sha256_file(path) != entry["sha256"]:
+            raise CompressError(f"{path}: missing or changed since export (sha256); run the recipe again")
+        files[entry["path"]] = path.read_bytes()
+    manifest = {key: source.get(key) for key in KEPT}
+    manifest.update(
+        schema=BUNDLE_SCHEMA,
+        kind="bundle",
+        sequence_lengths=source.get("sequence_lengths"),
+        task=source.get("task") or {"text_pair": False},
+        threads=target_threads,
+        source={"artifact": str(artifact), "check": source.get("check")},
+    )
+    files["runner.py"] = RUNNER.read_bytes()
+    for name, lines in requirement_lines(manifest["format"]).items():
+        files[name] = ("\n".join(lines) + "\n").encode()
+    files["README.txt"] = readme_text(manifest, read_json(artifact / "labels.json"), bundle_name).encode()
+    manifest["files"] = [
+        {"path": name, "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+        for name, data in sorted(files.items())
+    ]
+    files["manifest.json"] = (json.dumps(manifest, indent=2, default=str) + "\n").encode()
+    return files
+
+
+def write_tar(out_file: Path, folder: str, files: dict[str, bytes], mtime: int) -> None:
+    """A gzip tarball with fixed times and owners, so the same artifact always gives the same bytes."""
+    with (
+        atomic_path(out_file) as tmp,
+        open(tmp, "wb") as raw,
+        gzip.GzipFile(fileobj=raw, mode="wb", mtime=mtime) as zipped,
+        tarfile.open(fileobj=zipped, mode="w", format=tarfile.PAX_FORMAT) as tar,
+    ):
+        for name, data in sorted(files.items()):
+            info = tarfile.TarInfo(f"{folder}/{name}")
+            info.size, info.mtime, info.mode = len(data), mtime, 0o755 if name == "runner.py" else 0o644
+            info.uname = info.gname = "root"
+            tar.addfile(info, io.BytesIO(data))
+
+
+def make_bundle(run_dir: str | Path, target: str, out_file: str | Path | None = None) -> dict[str, Any]:
+    """Pack the run's artifact for ``target`` (default file: RUN/bundles/<run>-<target>.tar.gz)."""
+    from compress.targets import load_target
+
+    run_dir = Path(run_dir)
+    profile = load_target(target)
+    artifact = choose_artifact(run_dir, target)
+    folder = f"{run_dir.resolve().name}-{target}"
+    out = Path(out_file) if out_file else run_dir / "bundles" / f"{folder}.tar.gz"
+    files = bundle_files(artifact, profile.threads, f"{folder}.tar.gz")
+    manifest = read_json(artifact / "manifest.json")
+    model_name = f"model.{manifest['format']}"
+    write_tar(out, folder, files, int((artifact / model_name).stat().st_mtime))
+    return {
+        "path": str(out),
+        "bytes": out.stat().st_size,
+        "sha256": sha256_file(out),
+        "folder": folder,
+        "artifact": manifest.get("name") or str(artifact),
+        "format": manifest["format"],
+        "precision": manifest.get("precision"),
+        "target": target,
+        "files": {name: len(data) for name, data in sorted(files.items())},
+    }
