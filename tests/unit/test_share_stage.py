@@ -54,3 +54,22 @@ def test_share_stage_needs_a_transform(tmp_path, tiny_bert_dir, reviews):
     )
     with pytest.raises(RecipeError, match="at least one of layers, embedding_rank or vocab"):
         load_recipe(path)
+
+
+@pytest.mark.slow
+def test_recovery_distils_the_shared_student_and_keeps_it_tied(tmp_path, tiny_bert_dir, reviews):
+    recovery = "{epochs: 2, batch_size: 16, lr: 3.0e-3, patience: null}"
+    recipe = load_recipe(
+        write_recipe(
+            tmp_path / "r.yaml", teacher=tiny_bert_dir, data=reviews, stages=SHARE.format(recovery=recovery)
+        )
+    )
+    stage = run_recipe(recipe, tmp_path / "runs").stages[0]
+    metrics = read_json(stage.dir / "manifest.json")["metrics"]
+    assert [s["step"] for s in metrics["steps"]][-2:] == ["layers", "recovery"]
+    assert metrics["recovery"]["epochs_run"] == 2
+    assert metrics["accuracy"] == metrics["steps"][-1]["accuracy"]
+    assert metrics["accuracy_after_tying"] == metrics["steps"][-2]["accuracy"]
+    model, _ = load_shared_classifier(stage.dir)
+    assert encoder_layers(model)[0] is encoder_layers(model)[1]
+    assert parameter_stats(model)["bytes"] == metrics["bytes"] == metrics["steps"][-2]["bytes"]
