@@ -1,0 +1,224 @@
+"""ONNX export with ``torch.onnx.export(dynamo=True)``: dynamic batch and sequence axes, checked.
+
+Shared weights (one module reused at several layer positions, a tied embedding) must be stored
+once: the exporter can fold a per-use copy of a shared weight (e.g. its transpose) into separate
+identical initializers, so ``dedupe_initializers`` merges initializers with the same content.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from compress.errors import ExportError
+from compress.export import SAMPLE_TEXTS, Classifier, conversion_error, encode_batch, max_positions
+from compress.export.artifact import MODEL_FILES, finish_artifact
+from compress.export.check import check_cases, compare_outputs, torch_reference
+from compress.io import atomic_dir
+from compress.targets import TargetProfile
+
+log = logging.getLogger(__name__)
+
+ONNX_DTYPES = {7: "int64", 6: "int32", 1: "float32"}
+SCOPES_KEY = "pkg.torch.onnx.name_scopes"
+
+
+def trace_to_onnx(module: Classifier, path: Path, *, opset: int, input_dtype: str, seq_max: int) -> None:
+    """Trace the wrapper with dynamic ``batch`` and ``sequence`` axes and save a single-file model."""
+    import torch
+
+    dtype = getattr(torch, input_dtype)
+    example = tuple(torch.ones(2, 5, dtype=dtype) for _ in module.names)
+    batch = torch.export.Dim("batch", min=1, max=4096)
+    sequence = torch.export.Dim("sequence", min=1, max=seq_max)
+    shapes = {name: {0: batch, 1: sequence} for name in module.names}
+    try:
+        program = torch.onnx.export(
+            module,
+            example,
+            input_names=module.names,
+            output_names=["logits"],
+            dynamic_shapes=shapes,
+            dynamo=True,
+            opset_version=opset,
+            verbose=False,
+        )
+    except Exception as exc:
+        raise conversion_error("onnx", exc) from None
+    program.save(str(path), external_data=False)
+
+
+def _tensor_key(tensor: Any) -> str:
+    from onnx import numpy_helper
+
+    array = numpy_helper.to_array(tensor)
+    digest = hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()
+    return f"{tensor.data_type}:{list(tensor.dims)}:{digest}"
+
+
+def _rename_inputs(graph: Any, renames: dict[str, str]) -> None:
+    for node in graph.node:
+        for i, name in enumerate(node.input):
+            if name in renames:
+                node.input[i] = renames[name]
+        for attr in node.attribute:
+            for sub in [attr.g, *attr.graphs] if attr.type in (5, 10) else []:
+                _rename_inputs(sub, renames)
+
+
+def dedupe_initializers(model: Any) -> int:
+    """Store each distinct constant tensor once; return how many duplicate initializers were removed."""
+    graph = model.graph
+    first: dict[str, str] = {}
+    renames: dict[str, str] = {}
+    outputs = {o.name for o in graph.output}
+    for init in graph.initializer:
+        if init.name in outputs:
+            continue
+        key = _tensor_key(init)
+        if key in first:
+            renames[init.name] = first[key]
+        else:
+            first[key] = init.name
+    if renames:
+        _rename_inputs(graph, renames)
+        kept = [init for init in graph.initializer if init.name not in renames]
+        del graph.initializer[:]
+        graph.initializer.extend(kept)
+    return len(renames)
+
+
+def strip_trace_metadata(model: Any) -> None:
+    """Drop per-node trace metadata: stack traces hold this machine's file paths and make the hash unstable.
+
+    Only each node's module scope (``pkg.torch.onnx.name_scopes``) is kept: it maps a node back to a
+    layer when that layer stays in float, and costs a few bytes per node.
+    """
+    for node in model.graph.node:
+        kept = [p for p in node.metadata_props if p.key == SCOPES_KEY]
+        del node.metadata_props[:]
+        node.metadata_props.extend(kept)
+
+
+def tidy_onnx(path: Path) -> int:
+    """Merge duplicate initializers and strip trace metadata in place; return the merged count."""
+    import onnx
+
+    model = onnx.load(str(path))
+    removed = dedupe_initializers(model)
+    strip_trace_metadata(model)
+    onnx.save(model, str(path))
+    return removed
+
+
+def onnx_runner(path: Path, threads: int = 1) -> Callable[[dict[str, np.ndarray]], np.ndarray]:
+    """Logits from onnxruntime on the CPU for numpy feeds (cast to the model's input dtypes)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.log_severity_level = 3
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    dtypes = {i.name: np.int64 if i.type == "tensor(int64)" else np.int32 for i in session.get_inputs()}
+
+    def run(feeds: dict[str, np.ndarray]) -> np.ndarray:
+        return session.run(["logits"], {k: np.asarray(feeds[k]).astype(t) for k, t in dtypes.items()})[0]
+
+    return run
+
+
+def graph_inputs(path: Path) -> list[dict[str, Any]]:
+    """The manifest's ``inputs``: name, dtype and shape (symbolic axes by name) as stored in the file."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    inits = {i.name for i in model.graph.initializer}
+    out = []
+    for value in model.graph.input:
+        if value.name in inits:
+            continue
+        tensor = value.type.tensor_type
+        shape = [d.dim_param or d.dim_value for d in tensor.shape.dim]
+        out.append(
+            {
+                "name": value.name,
+                "dtype": ONNX_DTYPES.get(tensor.elem_type, str(tensor.elem_type)),
+                "shape": shape,
+            }
+        )
+    return out
+
+
+def export_onnx(
+    model: Any,
+    tokenizer: Any,
+    out_dir: Path,
+    profile: TargetProfile,
+    *,
+    name: str | None = None,
+    texts: list[str] | None = None,
+    pairs: list[str] | None = None,
+    max_length: int | None = None,
+    source: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Export ``model`` (a Hugging Face sequence classifier) as an fp32 ONNX artifact folder at ``out_dir``.
+
+    ``texts``/``pairs`` are real inputs for the export check (default: built-in sentences);
+    ``max_length`` is the truncation length recorded for callers (default: the profile's).
+    Returns the manifest written to ``out_dir/manifest.json``.
+    """
+    if profile.format != "onnx":
+        raise ExportError(f"target '{profile.name}' wants {profile.format}, not onnx")
+    module = Classifier(model.eval()).eval()
+    max_length = max_length or profile.max_length
+    with atomic_dir(out_dir) as folder:
+        path = folder / MODEL_FILES["onnx"]
+        trace_to_onnx(
+            module, path, opset=profile.opset, input_dtype=profile.input_dtype, seq_max=max_positions(model)
+        )
+        removed = tidy_onnx(path)
+        if removed:
+            log.info("onnx export: merged %d duplicate initializers (shared weights)", removed)
+        check = check_onnx(module, tokenizer, path, texts or SAMPLE_TEXTS, pairs, max_length)
+        manifest = finish_artifact(
+            folder,
+            model=model,
+            tokenizer=tokenizer,
+            name=name or Path(out_dir).name,
+            fmt="onnx",
+            target=profile.name,
+            threads=profile.threads,
+            precision="fp32",
+            quantization=None,
+            inputs=graph_inputs(path),
+            num_labels=model.config.num_labels,
+            batch="batch",
+            max_length=max_length,
+            sequence_lengths=profile.sequence_lengths,
+            text_pair=pairs is not None,
+            source=source,
+            check={**check, "merged_initializers": removed},
+        )
+    return manifest
+
+
+def check_onnx(
+    module: Classifier, tokenizer: Any, path: Path, texts: list[str], pairs: list[str] | None, max_length: int
+) -> dict[str, Any]:
+    def encode(
+        chosen: list[str], chosen_pairs: list[str] | None, length: int | None
+    ) -> dict[str, np.ndarray]:
+        return encode_batch(
+            tokenizer, chosen, chosen_pairs, module.names, length=length, max_length=max_length
+        )
+
+    cases = check_cases(texts, pairs, encode, [None], batches=(1, 3, 8))
+    return compare_outputs(
+        torch_reference(module), onnx_runner(path), cases, what=f"{path.name} export check"
+    )

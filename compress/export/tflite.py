@@ -1,0 +1,176 @@
+"""TFLite export with litert-torch: int32 inputs, batch 1, one signature per fixed sequence length.
+
+Mobile runtimes and GPU delegates want static shapes and reject int64, so each length in the
+target profile becomes its own signature (``seq_64``, ``seq_128``) over the same weights; the app
+pads to the smallest length that fits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from compress.errors import ExportError
+from compress.export import INPUT_ORDER, SAMPLE_TEXTS, Classifier, conversion_error, encode_batch
+from compress.export.artifact import MODEL_FILES, finish_artifact
+from compress.export.check import check_cases, compare_outputs, torch_reference
+from compress.io import atomic_dir
+from compress.targets import TargetProfile
+
+log = logging.getLogger(__name__)
+
+
+def signature_name(length: int) -> str:
+    return f"seq_{length}"
+
+
+def convert_to_tflite(module: Classifier, path: Path, lengths: list[int], pad_id: int = 0) -> None:
+    """Convert one signature per length (batch 1, int32 inputs) into a single .tflite file."""
+    import litert_torch
+    import torch
+
+    converter = litert_torch.Converter()
+    for length in lengths:
+        sample = {name: torch.full((1, length), pad_id, dtype=torch.int32) for name in module.names}
+        sample["attention_mask"][:, : max(2, length // 2)] = 1
+        converter.signature(signature_name(length), module, sample_kwargs=sample)
+    try:
+        converter.convert(strict_export=False).export(str(path))
+    except Exception as exc:
+        raise conversion_error("tflite", exc) from None
+
+
+def buffer_stats(path: Path) -> dict[str, int]:
+    """Bytes held in constant buffers, and bytes held more than once (should be 0: weights stored once)."""
+    from ai_edge_quantizer.utils import tfl_flatbuffer_utils
+
+    model = tfl_flatbuffer_utils.read_model(str(path))
+    seen: set[str] = set()
+    total = duplicate = 0
+    for buffer in model.buffers:
+        data = buffer.data
+        if data is None or len(data) < 64:
+            continue
+        size = len(data)
+        digest = hashlib.sha256(np.asarray(data, dtype=np.uint8).tobytes()).hexdigest()
+        total += size
+        if digest in seen:
+            duplicate += size
+        seen.add(digest)
+    return {"buffer_bytes": total, "duplicate_buffer_bytes": duplicate}
+
+
+def tflite_runners(path: Path, threads: int = 1) -> dict[int, Callable[[dict[str, np.ndarray]], np.ndarray]]:
+    """One callable per fixed length: numpy feeds -> logits, through the LiteRT interpreter."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    interpreter = Interpreter(model_path=str(path), num_threads=threads)
+    runners = {}
+    for key in interpreter.get_signature_list():
+        runner = interpreter.get_signature_runner(key)
+        details = runner.get_input_details()
+        length = int(details["input_ids"]["shape"][1])
+
+        def run(feeds: dict[str, np.ndarray], runner: Any = runner, details: dict = details) -> np.ndarray:
+            inputs = {k: np.asarray(feeds[k]).astype(d["dtype"]) for k, d in details.items()}
+            return runner(**inputs)["logits"]
+
+        runners[length] = run
+    return runners
+
+
+def signature_inputs(path: Path) -> list[dict[str, Any]]:
+    """The manifest's ``inputs`` (from the longest signature; every signature has the same names/dtypes)."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    interpreter = Interpreter(model_path=str(path))
+    keys = interpreter.get_signature_list()
+    longest = max(keys, key=lambda k: int(k.rsplit("_", 1)[-1]))
+    details = interpreter.get_signature_runner(longest).get_input_details()
+    return [
+        {"name": name, "dtype": np.dtype(d["dtype"]).name, "shape": [int(x) for x in d["shape"]]}
+        for name, d in sorted(details.items(), key=lambda kv: INPUT_ORDER.index(kv[0]))
+    ]
+
+
+def export_tflite(
+    model: Any,
+    tokenizer: Any,
+    out_dir: Path,
+    profile: TargetProfile,
+    *,
+    name: str | None = None,
+    texts: list[str] | None = None,
+    pairs: list[str] | None = None,
+    source: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Export ``model`` as an fp32 TFLite artifact folder at ``out_dir`` for ``profile``'s fixed lengths.
+
+    ``texts``/``pairs`` are real inputs for the export check (default: built-in sentences).
+    Returns the manifest written to ``out_dir/manifest.json``.
+    """
+    if profile.format != "tflite":
+        raise ExportError(f"target '{profile.name}' wants {profile.format}, not tflite")
+    module = Classifier(model.eval()).eval()
+    lengths = sorted(profile.sequence_lengths)
+    with atomic_dir(out_dir) as folder:
+        path = folder / MODEL_FILES["tflite"]
+        convert_to_tflite(module, path, lengths, pad_id=tokenizer.pad_token_id or 0)
+        stats = buffer_stats(path)
+        if stats["duplicate_buffer_bytes"]:
+            raise ExportError(
+                f"{path.name}: {stats['duplicate_buffer_bytes']} bytes of weights are stored "
+                "more than once; shared weights must be stored once"
+            )
+        check = check_tflite(module, tokenizer, path, texts or SAMPLE_TEXTS, pairs, lengths)
+        manifest = finish_artifact(
+            folder,
+            model=model,
+            tokenizer=tokenizer,
+            name=name or Path(out_dir).name,
+            fmt="tflite",
+            target=profile.name,
+            threads=profile.threads,
+            precision="fp32",
+            quantization=None,
+            inputs=signature_inputs(path),
+            num_labels=model.config.num_labels,
+            batch=1,
+            max_length=max(lengths),
+            sequence_lengths=lengths,
+            text_pair=pairs is not None,
+            source=source,
+            check={**check, **stats},
+        )
+    return manifest
+
+
+def check_tflite(
+    module: Classifier,
+    tokenizer: Any,
+    path: Path,
+    texts: list[str],
+    pairs: list[str] | None,
+    lengths: list[int],
+) -> dict[str, Any]:
+    runners = tflite_runners(path)
+    if sorted(runners) != lengths:
+        raise ExportError(f"{path.name}: signatures for lengths {sorted(runners)}, expected {lengths}")
+
+    def encode(
+        chosen: list[str], chosen_pairs: list[str] | None, length: int | None
+    ) -> dict[str, np.ndarray]:
+        return encode_batch(tokenizer, chosen, chosen_pairs, module.names, length=length, max_length=length)
+
+    cases = check_cases(texts, pairs, encode, list(lengths), batches=(1,))
+    return compare_outputs(
+        torch_reference(module),
+        lambda f: runners[f["input_ids"].shape[1]](f),
+        cases,
+        what=f"{path.name} export check",
+    )
