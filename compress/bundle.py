@@ -125,7 +125,7 @@ def write_tar(out_file: Path, folder: str, files: dict[str, bytes], mtime: int) 
     with (
         atomic_path(out_file) as tmp,
         open(tmp, "wb") as raw,
-        gzip.GzipFile(fileobj=raw, mode="wb", mtime=mtime) as zipped,
+        gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=mtime) as zipped,
         tarfile.open(fileobj=zipped, mode="w", format=tarfile.PAX_FORMAT) as tar,
     ):
         for name, data in sorted(files.items()):

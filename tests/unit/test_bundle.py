@@ -1,0 +1,179 @@
+"""Deploy bundles: the right artifact, every file hashed, only the runner's light dependencies inside."""
+
+from __future__ import annotations
+
+import ast
+import json
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from compress.bundle import make_bundle
+from compress.errors import CompressError
+from compress.io import file_entries, read_json, write_json_atomic
+from tests.helpers.artifacts import cached_artifact
+
+DEVICE_IMPORTS = {"numpy", "tokenizers", "ai_edge_litert", "tflite_runtime", "onnxruntime"}
+PROFILE = """name: tiny-board
+format: {fmt}
+runtime: {runtime}
+threads: 3
+sequence_lengths: [16, 32]
+input_dtype: {dtype}
+"""
+
+
+@pytest.fixture(scope="module")
+def artifacts(tiny_bert_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    scratch = tmp_path_factory.mktemp("artifacts")
+    return {
+        "onnx": cached_artifact(tiny_bert_dir, scratch, "onnx", [32]),
+        "tflite": cached_artifact(tiny_bert_dir, scratch, "tflite", [16, 32]),
+    }
+
+
+def fake_run(root: Path, teacher: Path, artifacts: dict[str, Path], fmt: str, *, int8: bool = False) -> Path:
+    """A finished run whose export stage holds the artifact (and optionally an int8 copy of it)."""
+    stage = root / "02-export"
+    stage.mkdir(parents=True)
+    shutil.copytree(artifacts[fmt], stage / f"{fmt}-fp32")
+    if int8:
+        shutil.copytree(artifacts[fmt], stage / f"{fmt}-int8")
+        manifest = read_json(stage / f"{fmt}-int8" / "manifest.json")
+        manifest.update(name=f"02-export/{fmt}-int8", precision="int8")
+        write_json_atomic(stage / f"{fmt}-int8" / "manifest.json", manifest)
+    write_json_atomic(stage / "manifest.json", {"complete": True, "produces": "artifacts", "files": []})
+    write_json_atomic(
+        root / "run.json",
+        {
+            "recipe": "tiny",
+            "teacher_dir": str(teacher),
+            "stages": [{"index": 2, "type": "export", "dir": stage.name}],
+        },
+    )
+    return root
+
+
+@pytest.fixture
+def target(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    def write(fmt: str) -> str:
+        folder = tmp_path / "targets"
+        folder.mkdir(exist_ok=True)
+        runtime, dtype = ("onnxruntime", "int64") if fmt == "onnx" else ("litert", "int32")
+        (folder / "tiny-board.yaml").write_text(PROFILE.format(fmt=fmt, runtime=runtime, dtype=dtype))
+        monkeypatch.setenv("COMPRESS_TARGETS", str(folder))
+        return "tiny-board"
+
+    return write
+
+
+def unpack(bundle: Path, into: Path) -> Path:
+    with tarfile.open(bundle) as tar:
+        tar.extractall(into, filter="data")
+    (folder,) = into.iterdir()
+    return folder
+
+
+@pytest.mark.parametrize("fmt", ["tflite", "onnx"])
+def test_bundle_holds_exactly_what_the_device_needs(artifacts, tiny_bert_dir, tmp_path, target, fmt):
+    run = fake_run(tmp_path / "run", tiny_bert_dir, artifacts, fmt)
+    info = make_bundle(run, target(fmt), tmp_path / "b.tar.gz")
+    assert info["bytes"] == (tmp_path / "b.tar.gz").stat().st_size
+    folder = unpack(tmp_path / "b.tar.gz", tmp_path / "unpacked")
+    names = {p.name for p in folder.iterdir()}
+    expected = {f"model.{fmt}", "tokenizer.json", "labels.json", "runner.py", "manifest.json", "README.txt"}
+    expected |= {"requirements.txt"} | ({"requirements-tflite-runtime.txt"} if fmt == "tflite" else set())
+    assert names == expected
+    manifest = read_json(folder / "manifest.json")
+    assert manifest["files"] == file_entries(folder)
+    assert manifest["threads"] == 3 and manifest["format"] == fmt
+
+
+def test_runner_in_a_bundle_imports_no_torch_transformers_or_compress(
+    artifacts, tiny_bert_dir, tmp_path, target
+):
+    run = fake_run(tmp_path / "run", tiny_bert_dir, artifacts, "tflite")
+    folder = unpack(Path(make_bundle(run, target("tflite"), tmp_path / "b.tar.gz")["path"]), tmp_path / "u")
+    tree = ast.parse((folder / "runner.py").read_text())
+    imported = {
+        alias.name.split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import)
+        for alias in node.names
+    }
+    imported |= {
+        node.module.split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.level == 0
+    }
+    third_party = imported - set(sys.stdlib_module_names) - {"__future__"}
+    assert third_party <= DEVICE_IMPORTS
+    script = (
+        "import sys, runner; r = runner.load('.'); r.predict(['good phone']); "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'transformers', 'compress'}))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=folder, capture_output=True, text=True, check=True
+    )
+    assert done.stdout.strip() == "[]"
+
+
+def test_bundle_prefers_int8(artifacts, tiny_bert_dir, tmp_path, target):
+    run = fake_run(tmp_path / "run", tiny_bert_dir, artifacts, "tflite", int8=True)
+    info = make_bundle(run, target("tflite"), tmp_path / "b.tar.gz")
+    assert info["artifact"] == "02-export/tflite-int8" and info["precision"] == "int8"
+
+
+def test_unpacked_bundle_runs_and_refuses_a_changed_file(artifacts, tiny_bert_dir, tmp_path, target):
+    run = fake_run(tmp_path / "run", tiny_bert_dir, artifacts, "tflite")
+    folder = unpack(Path(make_bundle(run, target("tflite"))["path"]), tmp_path / "u")
+    command = [sys.executable, str(folder / "runner.py"), "predict", "good phone"]
+    ok = subprocess.run(command, capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["label"] in read_json(folder / "labels.json")
+    (folder / "tokenizer.json").write_text((folder / "tokenizer.json").read_text().replace("good", "goad"))
+    refused = subprocess.run(command, capture_output=True, text=True)
+    assert refused.returncode == 2
+    assert "tokenizer.json: sha256 differs from manifest.json" in refused.stderr
+
+
+def test_same_run_gives_the_same_bundle_bytes(artifacts, tiny_bert_dir, tmp_path, target):
+    run = fake_run(tmp_path / "run", tiny_bert_dir, artifacts, "onnx")
+    first = make_bundle(run, target("onnx"), tmp_path / "a.tar.gz")
+    second = make_bundle(run, target("onnx"), tmp_path / "b.tar.gz")
+    assert first["sha256"] == second["sha256"]
+
+
+def test_changed_artifact_is_not_bundled(artifacts, tiny_bert_dir, tmp_path, target):
+    run = fake_run(tmp_path / "run", tiny_bert_dir, artifacts, "onnx")
+    (run / "02-export" / "onnx-fp32" / "labels.json").write_text('["x", "y"]')
+    with pytest.raises(CompressError, match=r"labels\.json: missing or changed since export"):
+        make_bundle(run, target("onnx"), tmp_path / "b.tar.gz")
+    assert not (tmp_path / "b.tar.gz").exists()
+
+
+def test_missing_target_names_what_the_run_made(artifacts, tiny_bert_dir, tmp_path, target, monkeypatch):
+    run = fake_run(tmp_path / "run", tiny_bert_dir, artifacts, "onnx")
+    target("onnx")
+    (tmp_path / "targets" / "other-board.yaml").write_text(
+        PROFILE.replace("tiny-board", "other-board").format(fmt="onnx", runtime="onnxruntime", dtype="int64")
+    )
+    with pytest.raises(
+        CompressError, match=r"no artifact for target 'other-board' \(this run made: tiny-board\)"
+    ):
+        make_bundle(run, "other-board", tmp_path / "b.tar.gz")
+
+
+def test_tflite_bundle_offers_the_tflite_runtime_fallback(artifacts, tiny_bert_dir, tmp_path, target):
+    run = fake_run(tmp_path / "run", tiny_bert_dir, artifacts, "tflite")
+    folder = unpack(Path(make_bundle(run, target("tflite"), tmp_path / "b.tar.gz")["path"]), tmp_path / "u")
+    assert (folder / "requirements.txt").read_text().startswith("ai-edge-litert")
+    assert (folder / "requirements-tflite-runtime.txt").read_text().split() == [
+        "tflite-runtime==2.14.0",
+        "numpy<2",
+        "tokenizers>=0.19",
+    ]
