@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from compress.errors import RecipeError
+from compress.errors import RecipeError, TrainingError
 from compress.io import read_json
 from compress.models import load_classifier
 from compress.pipeline import run_recipe
@@ -18,7 +20,7 @@ DISTILL = """  - type: distill
     batch_size: 16
     lr: 3.0e-3
     patience: null
-    weights: {{soft: 1.0, hard: 0.5, hidden: {hidden}, attention: {attention}}}
+    weights: {weights}
     hidden: {{metric: {metric}, include_embeddings: true}}
 {extra}"""
 
@@ -36,7 +38,7 @@ def teacher(tmp_path_factory, tiny_bert_dir):
 
 
 def run(tmp_path, teacher, **kw):
-    values = {"hidden": 1.0, "attention": 0.0, "metric": "cosine", "extra": "", **kw}
+    values = {"weights": "{soft: 1.0, hard: 0.5, hidden: 1.0}", "metric": "cosine", "extra": "", **kw}
     stages = DISTILL.format(**values)
     recipe = load_recipe(
         write_recipe(tmp_path / "r.yaml", teacher=teacher[0], data=teacher[1], stages=stages)
@@ -64,7 +66,13 @@ def test_distilled_student_keeps_the_teachers_accuracy(tmp_path, teacher):
 
 
 def test_attention_and_projected_mse_terms_train_a_narrower_student(tmp_path, teacher):
-    result = run(tmp_path, teacher, attention=1.0, metric="mse", extra="    hidden_size: 16\n")
+    result = run(
+        tmp_path,
+        teacher,
+        weights="{soft: 1.0, hidden: 1.0, attention: 1.0}",
+        metric="mse",
+        extra="    hidden_size: 16\n",
+    )
     manifest = read_json(result.stages[0].dir / "manifest.json")
     curves = manifest["metrics"]["loss_curves"]
     assert manifest["metrics"]["parameters"] < manifest["metrics"]["source_parameters"] / 2
@@ -90,3 +98,39 @@ def test_more_layers_than_the_teacher_is_a_recipe_error(tmp_path, teacher):
     )
     with pytest.raises(RecipeError, match=r"stages\[0\]\.layers: 3 is more than the teacher's 2 layers"):
         run_recipe(recipe, tmp_path / "runs")
+
+
+def test_mlm_augmentation_and_unlabelled_text_feed_the_transfer_set(tmp_path, teacher):
+    unlabelled = tmp_path / "more.tsv"
+    unlabelled.write_text("sentence\nthe staff was so friendly\nthe screen is broken\n")
+    extra = (
+        "    mlm: {whole_word: true, dynamic: false}\n"
+        "    augment: {multiplier: 2, candidates: 3}\n"
+        f"    unlabelled: {{path: {unlabelled}, text: sentence}}\n"
+    )
+    result = run(tmp_path, teacher, weights="{soft: 1.0, mlm: 0.5}", extra=extra)
+    manifest = read_json(result.stages[0].dir / "manifest.json")
+    rows = len(teacher[1]["train"].read_text().splitlines()) - 1
+    assert manifest["info"]["transfer_rows"] == 3 * (rows + 2)
+    assert manifest["info"]["labelled_rows"] == rows
+    assert set(manifest["metrics"]["loss_curves"]) == {"soft", "mlm", "total"}
+
+
+def test_non_finite_loss_names_the_step_and_keeps_the_last_good_checkpoint(tmp_path, teacher, monkeypatch):
+    import compress.distill.objective as objective
+
+    calls = []
+    real = objective.soft_kl
+
+    def poisoned(*args):
+        calls.append(1)
+        value = real(*args)
+        return value * float("nan") if len(calls) > 8 else value
+
+    monkeypatch.setattr(objective, "soft_kl", poisoned)
+    with pytest.raises(
+        TrainingError, match=r"loss became nan at step 8; .*last good checkpoint: (\S+)"
+    ) as err:
+        run(tmp_path, teacher)
+    folder = Path(err.value.args[0].rsplit("last good checkpoint: ", 1)[1])
+    assert load_classifier(folder)[0].config.num_hidden_layers == 1

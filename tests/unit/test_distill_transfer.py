@@ -1,0 +1,139 @@
+"""Teacher-output cache and TinyBERT-style augmentation on the tiny model."""
+
+from __future__ import annotations
+
+import json
+import string
+
+import pytest
+import torch
+
+from compress.data import Split
+from compress.distill.augment import augment_split, slots, word_tokens
+from compress.distill.config import AugmentOptions
+from compress.distill.transfer import combine, teacher_outputs
+from compress.models import load_classifier
+from compress.training import encode, forward_inputs
+from tests.helpers.tiny import NEGATIVE, POSITIVE, vocab_words
+
+TEXTS = ["the film was really good", "bad", "it is a very slow and rude hotel !", "a tasty meal"]
+
+
+def split(texts=TEXTS, labels=(1, 0, 0, 1)) -> Split:
+    return Split(list(texts), None, list(labels), ["negative", "positive"], "mem", "sha-" + str(len(texts)))
+
+
+class Refuses(torch.nn.Module):
+    def forward(self, **kwargs):
+        raise AssertionError("the teacher ran although its outputs are cached")
+
+
+def test_teacher_outputs_are_cached_and_unpack_to_the_teachers_states(tmp_path, tiny_bert_dir):
+    teacher, tokenizer = load_classifier(tiny_bert_dir)
+    data = encode(tokenizer, split(), 32)
+    kw = {
+        "cache_dir": tmp_path,
+        "teacher_sha": "t",
+        "data_sha": "d",
+        "max_length": 32,
+        "hidden_layers": [0, 2],
+        "attention_layers": [2],
+    }
+    first = teacher_outputs(teacher, data, **kw)
+    files = list((tmp_path / "distill").glob("teacher-*.safetensors"))
+    assert len(files) == 1
+    again = teacher_outputs(Refuses(), data, **kw)
+    assert torch.equal(first.logits, again.logits)
+    with torch.no_grad():
+        ref = teacher(
+            **forward_inputs(
+                teacher,
+                {
+                    k: data.input_ids if k == "input_ids" else getattr(data, k)
+                    for k in ("input_ids", "attention_mask", "token_type_ids")
+                },
+            ),
+            output_hidden_states=True,
+            output_attentions=True,
+        )
+    length = int(data.attention_mask.sum(1).max())
+    got = again.batch(torch.tensor([1, 2]), length)
+    real = data.attention_mask[[1, 2], :length].bool()
+    for layer in (0, 2):
+        expected = ref.hidden_states[layer][[1, 2], :length]
+        assert torch.allclose(got["hidden"][layer][real], expected[real], atol=2e-2)
+        assert (got["hidden"][layer][~real] == 0).all()
+    pairs = real[:, None, :, None] & real[:, None, None, :]
+    expected = ref.attentions[1][[1, 2], :, :length, :length]
+    assert torch.allclose(
+        got["attentions"][2][pairs.expand_as(expected)], expected[pairs.expand_as(expected)], atol=1e-3
+    )
+    other = teacher_outputs(teacher, data, **{**kw, "max_length": 16})
+    assert torch.equal(other.logits, first.logits)
+    assert len(list((tmp_path / "distill").glob("teacher-*.safetensors"))) == 2
+
+
+def test_combine_marks_unlabelled_rows():
+    merged = combine([split(), Split(["new text"], None, None, ["negative", "positive"], "u", "u")])
+    assert merged.labels == [1, 0, 0, 1, -100]
+
+
+def test_embedding_augmentation_swaps_single_token_words_for_word_neighbours(tmp_path, tiny_bert_dir):
+    teacher, tokenizer = load_classifier(tiny_bert_dir)
+    words = set(vocab_words()) | set(string.ascii_lowercase)
+    assert {tokenizer.convert_ids_to_tokens(i) for i in word_tokens(tokenizer).tolist()} == words
+    options = AugmentOptions(multiplier=3, candidates=4, replace_prob=1.0)
+    rows = augment_split(split(), tokenizer, teacher, options, seed=0, cache_dir=tmp_path, teacher_sha="t")
+    assert len(rows) == 3 * len(TEXTS) and rows.labels is None
+    for i, text in enumerate(TEXTS):
+        for new in rows.texts[3 * i : 3 * i + 3]:
+            old_words, new_words = text.split(), new.split()
+            assert len(old_words) == len(new_words)
+            for old, word in zip(old_words, new_words, strict=True):
+                assert word == old or (old in words and word in words)
+    assert rows.texts[0] != TEXTS[0]
+    cached = list((tmp_path / "distill").glob("augment-*.json"))
+    assert len(cached) == 1 and json.loads(cached[0].read_text())["texts"] == rows.texts
+
+
+def test_mlm_augmentation_uses_the_masked_lm_in_context(tmp_path, tiny_bert_dir):
+    from transformers import BertConfig, BertForMaskedLM
+
+    teacher, tokenizer = load_classifier(tiny_bert_dir)
+    torch.manual_seed(0)
+    mlm = BertForMaskedLM(
+        BertConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=64,
+            max_position_embeddings=128,
+        )
+    )
+    good = tokenizer.convert_tokens_to_ids("good")
+    with torch.no_grad():
+        mlm.cls.predictions.bias.zero_()
+        mlm.cls.predictions.bias[good] = 100.0  # this MLM always guesses "good"
+    mlm.save_pretrained(tmp_path / "mlm", safe_serialization=True)
+    options = AugmentOptions(
+        multiplier=2, method="mlm", mlm_model=str(tmp_path / "mlm"), candidates=1, replace_prob=1.0
+    )
+    rows = augment_split(
+        split(["bad", "a tasty meal"], [0, 1]),
+        tokenizer,
+        teacher,
+        options,
+        seed=0,
+        cache_dir=tmp_path,
+        teacher_sha="t",
+    )
+    assert rows.texts == ["good", "good", "good good good", "good good good"]
+
+
+@pytest.mark.parametrize("text", ["bad", "a tasty meal"])
+def test_slots_are_character_spans_of_one_token_words(tiny_bert_dir, text):
+    _, tokenizer = load_classifier(tiny_bert_dir)
+    spans = slots(tokenizer, text, set(word_tokens(tokenizer).tolist()))
+    assert [text[s:e] for s, e, _ in spans] == text.split()
+    assert all(w in POSITIVE + NEGATIVE + vocab_words() for w in text.split())
