@@ -1,0 +1,77 @@
+"""Exported artifacts of a shared model hold each shared weight once (ONNX initializers, TFLite buffers).
+
+Exporters are known to duplicate tied weights (transformers issue 8869: ALBERT's ONNX several times
+larger than its checkpoint), so the constants in each file are summed and compared with the model's
+unique parameter bytes, and the whole file must be smaller than one extra copy of the shared layer.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from compress.models import load_classifier
+from compress.share.factorize import factorize_embedding
+from compress.share.model import parameter_stats, set_sharing_spec
+from compress.share.tying import encoder_layers, make_plan, tie_layers
+from compress.targets import load_target
+from tests.helpers.tiny import make_tiny_bert
+
+SLACK = 16_384
+"""Bytes of small graph constants (shapes, masks, scalars) that are not parameters."""
+
+
+@pytest.fixture(scope="module")
+def shared_model(tmp_path_factory: pytest.TempPathFactory):
+    folder = make_tiny_bert(tmp_path_factory.mktemp("wide"), layers=4, hidden=128)
+    model, tokenizer = load_classifier(folder)
+    layer_bytes = sum(p.numel() * p.element_size() for p in encoder_layers(model)[0].parameters())
+    plan = make_plan("all", 4)
+    tie_layers(model, plan)
+    factorize_embedding(model, 16)
+    set_sharing_spec(model, layers=plan.to_json(), embedding_rank=16)
+    return model.eval(), tokenizer, layer_bytes
+
+
+def _onnx_constant_bytes(path: Path) -> int:
+    import onnx
+    from onnx import numpy_helper
+
+    graph = onnx.load(str(path)).graph
+    return sum(numpy_helper.to_array(t).nbytes for t in graph.initializer)
+
+
+def _tflite_constant_bytes(path: Path) -> int:
+    from ai_edge_litert import schema_py_generated as schema
+
+    model = schema.Model.GetRootAsModel(path.read_bytes(), 0)
+    return sum(model.Buffers(i).DataLength() or model.Buffers(i).Size() for i in range(model.BuffersLength()))
+
+
+def _folder_bytes(folder: Path, suffixes: tuple[str, ...]) -> int:
+    return sum(p.stat().st_size for p in folder.iterdir() if p.name.endswith(suffixes))
+
+
+@pytest.mark.slow
+def test_onnx_stores_each_shared_weight_once(shared_model, tmp_path: Path):
+    from compress.export.onnx import export_onnx
+
+    model, tokenizer, layer_bytes = shared_model
+    unique = parameter_stats(model)["bytes"]
+    export_onnx(model, tokenizer, tmp_path / "onnx", load_target("arm64-onnx"), max_length=32)
+    constants = _onnx_constant_bytes(tmp_path / "onnx" / "model.onnx")
+    assert constants <= unique + SLACK, (constants, unique)
+    assert _folder_bytes(tmp_path / "onnx", (".onnx", ".data")) < unique + layer_bytes
+
+
+@pytest.mark.slow
+def test_tflite_stores_each_shared_weight_once(shared_model, tmp_path: Path):
+    export_tflite = pytest.importorskip("compress.export.tflite").export_tflite
+
+    model, tokenizer, layer_bytes = shared_model
+    unique = parameter_stats(model)["bytes"]
+    export_tflite(model, tokenizer, tmp_path / "tflite", load_target("android-arm64"))
+    constants = _tflite_constant_bytes(tmp_path / "tflite" / "model.tflite")
+    assert constants <= unique + SLACK, (constants, unique)
+    assert _folder_bytes(tmp_path / "tflite", (".tflite",)) < unique + layer_bytes
