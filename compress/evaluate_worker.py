@@ -1,6 +1,6 @@
 """Measure one model in a process of its own: ``python -m compress.evaluate_worker REQUEST.json RESULT.json``.
 
-A fresh process per model makes the peak memory honest (ru_maxrss covers only this model and its
+A fresh process per model makes the peak memory honest (it covers only this model and its
 runtime, never the teacher evaluated before it) and keeps torch out of the process that measures
 an ONNX or TFLite artifact, as on a device. Artifacts run through ``compress.runtime.runner``, the
 same code that ships in a deploy bundle; checkpoints through ``compress.models.load_classifier``.
@@ -14,6 +14,7 @@ import resource
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,7 +25,17 @@ Predict = Callable[[list[str], "list[str] | None"], np.ndarray]
 
 
 def peak_rss_bytes() -> int:
-    """This process's peak resident set size (Linux reports KiB, macOS bytes)."""
+    """Peak resident memory of this process image.
+
+    Linux's ru_maxrss survives fork+exec, so a worker started from a process holding the teacher
+    would report the parent's peak; VmHWM belongs to this image only. Elsewhere ru_maxrss (bytes
+    on macOS) is the best available.
+    """
+    status = Path("/proc/self/status")
+    if status.is_file():
+        for line in status.read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(peak if sys.platform == "darwin" else peak * 1024)
 

@@ -50,7 +50,8 @@ def quality_table(report: dict[str, Any]) -> list[str]:
     rows = []
     for e in entries(report):
         m = e["metrics"]
-        drop = None if teacher_acc is None or m.get("accuracy") is None else m["accuracy"] - teacher_acc
+        known = teacher_acc is not None and m.get("accuracy") is not None and e["role"] != "teacher"
+        drop = m["accuracy"] - teacher_acc if known else None
         rows.append(
             [
                 f"`{e['name']}`",
@@ -233,6 +234,7 @@ def plot(report: dict[str, Any], path: str | Path) -> None:
     ax.set_xlabel(f"p50 latency, batch 1 (ms, host {report.get('host', {}).get('machine', '')})")
     ax.set_ylabel("accuracy")
     ax.set_title(f"{report.get('recipe', '')}: accuracy vs latency (marker area ∝ model bytes)")
+    ax.margins(x=0.2, y=0.2)
     ax.grid(True, alpha=0.3)
     fig.tight_layout()
     with atomic_path(path) as tmp:
