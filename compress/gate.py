@@ -183,6 +183,11 @@ def check_report_file(report_path: str | Path, baseline_path: str | Path | None 
     return check_gates(report, config, baseline)
 
 
+def verdicts_of(report: dict[str, Any]) -> list[Verdict]:
+    """The verdicts stored in a report (``compress run`` raises on them after writing the report)."""
+    return [Verdict(**g) for g in report.get("gates", [])]
+
+
 def raise_on_failure(verdicts: list[Verdict]) -> None:
     failed = [v.line() for v in verdicts if v.failed]
     if failed:

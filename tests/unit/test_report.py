@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from compress.errors import CompressError
+from compress.gate import verdicts_of
 from compress.metrics import fidelity_metrics, latency_summary, task_metrics
 from compress.report import SCHEMA, load_report, merge_device_results, regenerate
 from compress.report_render import markdown
@@ -153,8 +154,8 @@ def test_regenerate_writes_json_markdown_and_plot_and_rejudges_gates(tmp_path: P
     device.write_text(json.dumps(_device_result()))
     report = regenerate(run, device)
     assert report["passed"] is False
-    assert [(g["gate"], g["artifact"], g["verdict"]) for g in report["gates"]] == [
-        ("max_bytes", "03-export/pi4-int8", "fail")
+    assert [v.line() for v in verdicts_of(report) if v.failed] == [
+        "max_bytes 03-export/pi4-int8: value 10000000 vs threshold 5000000"
     ]
     saved = load_report(run / "report.json")
     assert saved["device_results"][0]["cpu"] == "Cortex-A72"
