@@ -133,6 +133,7 @@ def write_tar(out_file: Path, folder: str, files: dict[str, bytes], mtime: int) 
             info.size, info.mtime, info.mode = len(data), mtime, 0o755 if name == "runner.py" else 0o644
             info.uname = info.gname = "root"
             tar.addfile(info, io.BytesIO(data))
+        tmp.chmod(0o644)
 
 
 def make_bundle(run_dir: str | Path, target: str, out_file: str | Path | None = None) -> dict[str, Any]:

@@ -1,0 +1,214 @@
+"""Prove a deploy bundle runs on arm64 without a board: an emulated Debian bookworm userland under qemu-user.
+
+The root is built once and cached: debootstrap's first stage downloads bookworm's arm64 python3
+packages and ``dpkg-deb -x`` unpacks them, so no chroot, binfmt or mounts are needed. The bundle's
+own requirements files are installed from aarch64 wheels by the host's pip, one environment per
+file (ai-edge-litert, the tflite-runtime 2.14 fallback, onnxruntime). qemu then runs the bundle's
+runner.py on the same texts as the host, and the labels must agree. Emulated timings say nothing
+about a real board, so none are reported here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from compress.errors import CompressError
+from compress.io import atomic_dir
+
+log = logging.getLogger(__name__)
+
+SUITE, MIRROR, PYTHON_VERSION = "bookworm", "http://deb.debian.org/debian", "3.11"
+PYTHON = f"usr/bin/python{PYTHON_VERSION}"
+GLIBC_MINOR = 36  # bookworm ships glibc 2.36: wheels tagged manylinux_2_17 ... manylinux_2_36 run there
+APT_COMMAND = "apt-get update && apt-get install -y qemu-user-static debootstrap"
+READY = ".compress-ready"
+CPU = "cortex-a72"
+# onnxruntime parses /proc/cpuinfo at import; under qemu-user it would read the host's x86 file and crash.
+CPUINFO = "".join(
+    f"processor\t: {i}\nBogoMIPS\t: 108.00\nFeatures\t: fp asimd evtstrm crc32 cpuid\n"
+    "CPU implementer\t: 0x41\nCPU architecture: 8\nCPU variant\t: 0x0\nCPU part\t: 0xd08\n"
+    "CPU revision\t: 3\n\n"
+    for i in range(4)
+)
+
+
+def default_cache() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "compress" / "arm64-root"
+
+
+def check_tools() -> None:
+    for tool in ("qemu-aarch64-static", "debootstrap", "dpkg-deb"):
+        if shutil.which(tool) is None:
+            raise CompressError(f"verify-arm needs {tool}; install it as root: {APT_COMMAND}")
+
+
+def run_tool(command: list[str], what: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(command, capture_output=True, text=True, **kwargs)
+    if done.returncode != 0:
+        lines = (done.stderr or done.stdout).strip().splitlines() or ["no output"]
+        raise CompressError(f"{what} failed (exit {done.returncode}): {lines[-1]}")
+    return done
+
+
+def build_root(cache: Path) -> Path:
+    """The cached bookworm arm64 root with python3; built in a temporary folder and renamed when complete."""
+    root = cache / f"{SUITE}-arm64"
+    if (root / READY).is_file():
+        return root
+    if os.geteuid() != 0:
+        raise CompressError(
+            "building the arm64 root runs debootstrap, which needs root; run verify-arm as root"
+        )
+    log.info("building the %s arm64 root in %s (once; cached)", SUITE, root)
+    with atomic_dir(root) as tmp:
+        debootstrap = ["debootstrap", "--foreign", "--arch=arm64", "--variant=minbase", "--include=python3"]
+        run_tool([*debootstrap, SUITE, str(tmp), MIRROR], f"debootstrap from {MIRROR}", timeout=1800)
+        for deb in sorted((tmp / "var/cache/apt/archives").glob("*.deb")):
+            run_tool(["dpkg-deb", "-x", str(deb), str(tmp)], f"dpkg-deb -x {deb.name}")
+            deb.unlink()
+        (tmp / "proc").mkdir(exist_ok=True)
+        (tmp / "proc" / "cpuinfo").write_text(CPUINFO)
+        probe = emulate(tmp, ["-c", "import platform; print(platform.machine(), platform.python_version())"])
+        done = run_tool(probe, "python3 in the emulated root", env=emulated_env(None, tmp), timeout=300)
+        machine, version = done.stdout.split()
+        if machine != "aarch64":
+            raise CompressError(
+                f"{tmp}: emulated python reports {machine}, not aarch64; delete {cache} and retry"
+            )
+        (tmp / READY).write_text(json.dumps({"suite": SUITE, "mirror": MIRROR, "python": version}))
+    return root
+
+
+def install_env(root: Path, requirements: Path) -> Path:
+    """aarch64 wheels for one requirements file in ROOT/opt/site-<its hash>, reused while it is unchanged."""
+    text = requirements.read_text(encoding="utf-8")
+    site = root / "opt" / f"site-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+    if (site / READY).is_file():
+        return site
+    platforms = [f"manylinux_2_{minor}_aarch64" for minor in range(GLIBC_MINOR, 16, -1)] + [
+        "manylinux2014_aarch64"
+    ]
+    with atomic_dir(site) as tmp:
+        command = [sys.executable, "-m", "pip", "install", "--quiet", "--no-compile", "--target", str(tmp)]
+        command += ["--only-binary=:all:", "--implementation", "cp", "--python-version", PYTHON_VERSION]
+        command += [arg for platform in platforms for arg in ("--platform", platform)]
+        run_tool(
+            [*command, "-r", str(requirements)], f"pip install -r {requirements.name} (aarch64)", timeout=1800
+        )
+        (tmp / READY).write_text(text)
+    return site
+
+
+def emulate(root: Path, args: list[str]) -> list[str]:
+    return ["qemu-aarch64-static", "-cpu", CPU, "-L", str(root), str(root / PYTHON), *args]
+
+
+def emulated_env(site: Path | None, home: Path) -> dict[str, str]:
+    """A clean environment: nothing of the host's Python (PYTHONPATH, venv) leaks into the emulated one."""
+    env = {"PATH": "/usr/bin:/bin", "PYTHONNOUSERSITE": "1", "HOME": str(home), "LANG": "C.UTF-8"}
+    return {**env, "TOKENIZERS_PARALLELISM": "false", **({"PYTHONPATH": str(site)} if site else {})}
+
+
+def unpack(bundle: Path, into: Path) -> Path:
+    try:
+        with tarfile.open(bundle) as tar:
+            tar.extractall(into, filter="data")
+    except (OSError, tarfile.TarError) as exc:
+        raise CompressError(
+            f"{bundle}: not a readable bundle ({exc}); make one with `compress bundle`"
+        ) from None
+    folders = [p for p in into.iterdir() if (p / "runner.py").is_file()]
+    if len(folders) != 1:
+        raise CompressError(
+            f"{bundle}: expected one folder with runner.py inside; make it with `compress bundle`"
+        )
+    return folders[0]
+
+
+def run_env(root: Path, site: Path, folder: Path, data: Path, timeout: float) -> dict[str, Any]:
+    """The bundle's runner under emulation: which interpreter it found, then its predictions for ``data``."""
+    env, out = emulated_env(site, folder), folder / f"arm-{site.name}.jsonl"
+    start = time.time()
+    info = subprocess.run(emulate(root, ["runner.py", "info"]), cwd=folder, env=env,
+                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+    if info.returncode != 0:
+        return {"error": (info.stderr.strip().splitlines() or ["no output"])[-1]}
+    described = json.loads(info.stdout)
+    command = emulate(root, ["runner.py", "predict", "--file", str(data), "--out", str(out)])
+    done = subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True, timeout=timeout)
+    result = {"interpreter": described["interpreter"], "machine": described["device"]["machine"]}
+    if done.returncode != 0:
+        return {**result, "error": (done.stderr.strip().splitlines() or ["no output"])[-1]}
+    rows = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    return {**result, "rows": rows, "seconds": round(time.time() - start, 1)}
+
+
+def compare(host: list[dict[str, Any]], arm: list[dict[str, Any]]) -> dict[str, Any]:
+    agree = sum(h["label"] == a["label"] for h, a in zip(host, arm, strict=True))
+    diff = np.abs(np.array([h["logits"] for h in host]) - np.array([a["logits"] for a in arm])).max()
+    return {"agree": agree, "total": len(host), "max_abs_logit_diff": round(float(diff), 6)}
+
+
+def verify_arm(
+    bundle: str | Path,
+    texts: list[str],
+    pairs: list[str] | None = None,
+    *,
+    root_cache: str | Path | None = None,
+    timeout: float = 3600,
+) -> dict[str, Any]:
+    """Run ``bundle`` emulated once per requirements file in it; compare its labels with the host's."""
+    from compress.runtime.runner import RunnerError, load
+
+    check_tools()
+    bundle = Path(bundle)
+    root = build_root(Path(root_cache) if root_cache else default_cache())
+    with tempfile.TemporaryDirectory(prefix="compress-arm-") as scratch:
+        folder = unpack(bundle, Path(scratch))
+        data = folder / "verify-texts.jsonl"
+        rows = [
+            {"text": t} if pairs is None else {"text": t, "pair": p}
+            for t, p in zip(texts, pairs or texts, strict=True)
+        ]
+        data.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+        try:
+            runner = load(folder)
+            logits = runner.predict_logits(texts, pairs)
+        except RunnerError as exc:
+            raise CompressError(f"{bundle}: {exc}") from None
+        host = [
+            {**row, "logits": list(map(float, values))}
+            for row, values in zip(runner.decode(logits), logits, strict=True)
+        ]
+        runs = []
+        for requirements in sorted(folder.glob("requirements*.txt")):
+            log.info("%s: emulated aarch64 with %s", bundle.name, requirements.name)
+            result = run_env(root, install_env(root, requirements), folder, data, timeout)
+            rows = result.pop("rows", None)
+            runs.append(
+                {"requirements": requirements.name, **result, **(compare(host, rows) if rows else {})}
+            )
+        return {
+            "bundle": str(bundle),
+            "bundle_bytes": bundle.stat().st_size,
+            "artifact": runner.manifest.get("name"),
+            "format": runner.manifest["format"],
+            "precision": runner.manifest.get("precision"),
+            "host": {"interpreter": runner.describe()["interpreter"]},
+            "emulator": {"qemu_cpu": CPU, "debian": SUITE, "root": str(root)},
+            "runs": runs,
+            "ok": bool(runs) and all(r.get("agree") == r.get("total") == len(texts) for r in runs),
+        }

@@ -1,0 +1,108 @@
+"""``compress bundle`` and ``compress verify-arm``: thin adapters over compress.bundle and compress.arm."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from compress.errors import CompressError
+
+
+def _megabytes(size: int) -> str:
+    return f"{size / 1e6:.2f} MB" if size >= 100_000 else f"{size / 1e3:.1f} kB"
+
+
+@click.command("bundle")
+@click.argument("run", type=click.Path(path_type=Path, exists=True, file_okay=False))
+@click.option("--target", required=True, help="Target profile the bundle is for, e.g. raspberry-pi-4.")
+@click.option("-o", "--out", type=click.Path(path_type=Path, dir_okay=False), help="Bundle file (.tar.gz).")
+def bundle_cmd(run: Path, target: str, out: Path | None) -> None:
+    """Pack RUN's artifact for TARGET with the on-device runner into one tar.gz (int8 when there is one)."""
+    from compress.bundle import make_bundle
+
+    info = make_bundle(run, target, out)
+    click.echo(
+        f"{info['path']}: {_megabytes(info['bytes'])} "
+        f"({info['artifact']}, {info['format']} {info['precision']}, for {target})"
+    )
+    for name, size in info["files"].items():
+        click.echo(f"  {name:34} {_megabytes(size):>10}")
+
+
+def _texts(run_dir: Path | None, data: Path | None) -> tuple[list[str], list[str] | None, str]:
+    if (run_dir is None) == (data is None):
+        raise CompressError(
+            "verify-arm needs the texts to compare on: --run RUN (its eval split) or --data FILE"
+        )
+    if data is not None:
+        from compress.runtime.runner import RunnerError, read_inputs
+
+        try:
+            texts, pairs = read_inputs(data)
+        except RunnerError as exc:
+            raise CompressError(str(exc)) from None
+        return texts, pairs, str(data)
+    from compress.data import load_recipe_split
+    from compress.subjects import recipe_of_run
+
+    split = load_recipe_split(recipe_of_run(run_dir), "eval")
+    return split.texts, split.pairs, f"{run_dir} eval split ({split.source})"
+
+
+@click.command("verify-arm")
+@click.argument("bundle", type=click.Path(path_type=Path, exists=True, dir_okay=False))
+@click.option(
+    "--run",
+    "run_dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="Compare on this run's eval split.",
+)
+@click.option(
+    "--data",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Compare on these texts: .txt (one per line), .tsv (text<TAB>pair) or .jsonl ({text, pair}).",
+)
+@click.option(
+    "--cache",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="Where the emulated arm64 root is kept between runs [default: ~/.cache/compress/arm64-root].",
+)
+@click.option("--out", type=click.Path(path_type=Path, dir_okay=False), help="Also write the result as JSON.")
+@click.pass_context
+def verify_arm_cmd(
+    ctx: click.Context,
+    bundle: Path,
+    run_dir: Path | None,
+    data: Path | None,
+    cache: Path | None,
+    out: Path | None,
+) -> None:
+    """Run BUNDLE on emulated arm64 (bookworm under qemu) with each of its interpreters; labels must agree."""
+    from compress.arm import verify_arm
+    from compress.io import write_json_atomic
+
+    texts, pairs, source = _texts(run_dir, data)
+    result = verify_arm(bundle, texts, pairs, root_cache=cache)
+    click.echo(
+        f"{bundle}: {_megabytes(result['bundle_bytes'])}, {result['artifact']}; "
+        f"{len(texts)} texts from {source}"
+    )
+    host = result["host"]["interpreter"]
+    for run in result["runs"]:
+        name = f"  {run['requirements']:34}"
+        if "error" in run:
+            click.echo(f"{name} FAILED: {run['error']}")
+            continue
+        interpreter = f"{run['interpreter']['name']} {run['interpreter']['version']} on {run['machine']}"
+        click.echo(
+            f"{name} {interpreter}: {run['agree']}/{run['total']} labels as on the host "
+            f"({host['name']} {host['version']}), max |logit diff| {run['max_abs_logit_diff']:.2e}"
+        )
+    if out is not None:
+        write_json_atomic(out, result)
+    if not result["ok"]:
+        click.echo(
+            "verify-arm: the emulated arm64 predictions differ from the host's (or did not run)", err=True
+        )
+        ctx.exit(1)
