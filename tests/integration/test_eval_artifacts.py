@@ -222,3 +222,37 @@ def test_eval_of_a_run_finds_its_teacher_and_artifacts(tmp_path, onnx_artifact, 
     assert [a["name"] for a in result["artifacts"]] == ["09-export/tiny-onnx"]
     assert result["artifacts"][0]["metrics"]["latency_ms"]["samples"] == 5
     assert "agreement" in result["artifacts"][0]["metrics"]
+
+
+def test_eval_of_a_shared_checkpoint_keeps_its_ties(tmp_path, tiny_bert_dir, reviews):
+    """A share-stage checkpoint stores tied weights once; loading it as a plain checkpoint would
+    re-initialise the tied layers and the numbers would be those of a different model."""
+    import torch
+
+    from compress.models import count_parameters, load_classifier
+    from compress.share.model import load_shared_classifier, save_shared_checkpoint, set_sharing_spec
+    from compress.share.tying import encoder_layers, make_plan, tie_layers
+
+    model, tokenizer = load_classifier(tiny_bert_dir)
+    plan = make_plan("all", len(encoder_layers(model)))
+    tie_layers(model, plan, init="mean")
+    set_sharing_spec(model, layers=plan.to_json())
+    save_shared_checkpoint(model, tokenizer, tmp_path / "shared")
+
+    result = run_eval(
+        str(tmp_path / "shared"),
+        "--data",
+        str(reviews["test"]),
+        "--text",
+        "sentence",
+        "--teacher",
+        str(tiny_bert_dir),
+    )
+    entry = result["checkpoints"][0]
+    texts = load_file(reviews["test"], text="sentence", label="label", label_names=["l0", "l1"]).texts
+    reloaded, _ = load_shared_classifier(tmp_path / "shared")
+    with torch.no_grad():
+        mine = np.concatenate([reloaded(**tokenizer(t, return_tensors="pt")).logits.numpy() for t in texts])
+    ref = teacher_logits(tiny_bert_dir, texts)
+    assert entry["metrics"]["max_abs_logit_diff"] == pytest.approx(float(np.abs(mine - ref).max()), abs=1e-4)
+    assert entry["parameters"] == count_parameters(reloaded) < result["teacher"]["parameters"]
