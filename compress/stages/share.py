@@ -106,17 +106,14 @@ def _transform(ctx: StageContext, cfg: ShareConfig, model: Any, tokenizer: Any) 
 @register_stage("share", ShareConfig)
 def run(ctx: StageContext) -> StageResult:
     from compress.models import load_classifier
-    from compress.share.model import save_shared_checkpoint
+    from compress.share.model import save_shared_checkpoint, sharing_spec
     from compress.training import set_seed
 
     cfg: ShareConfig = ctx.config  # type: ignore[assignment]
     set_seed(ctx.seed)
-    model, tokenizer = load_classifier(ctx.input_dir)
+    model, tokenizer = load_classifier(ctx.input_dir, trust_remote_code=ctx.recipe.teacher.trust_remote_code)
     tokenizer, steps = _transform(ctx, cfg, model, tokenizer)
-    info: dict[str, Any] = {
-        "steps": [s["step"] for s in steps],
-        "sharing": getattr(model.config, "compress_sharing", None),
-    }
+    info: dict[str, Any] = {"compress_sharing": sharing_spec(model)}
     metrics: dict[str, Any] = {"steps": steps}
     if cfg.recovery is not None:
         from compress.distill.trainer import distill_model
