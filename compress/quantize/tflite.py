@@ -1,0 +1,140 @@
+"""TFLite int8 with ai-edge-quantizer: dynamic-range (int8 weights) or full-integer static with calibration.
+
+Layers stay float through recipe scopes: ai-edge-quantizer matches a regex against each op's
+output tensor names, which litert-torch builds from the module path (``..._encoder/..._3/...``).
+``layer_scope`` turns a PyTorch module name into that regex, so the float-layer decision made on the
+PyTorch model (the accuracy-aware search) applies to the TFLite file too. The op producing the
+logits always stays float, so the artifact's output is float32 like its source's.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from compress.errors import ExportError
+from compress.io import atomic_dir
+from compress.quantize import derive_artifact
+
+LOGITS_SCOPE = r"_logits_output(;|$)"
+
+
+def layer_scope(module_name: str) -> str:
+    """Regex for the ops traced from ``module_name`` (e.g. ``bert.encoder.layer.3.intermediate``).
+
+    A container name followed by an index (``layer.3``) leaves no scope segment of its own, so it is
+    dropped; other segments may sit in between because wrappers add their own.
+    """
+    parts = module_name.split(".")
+    kept = [p for i, p in enumerate(parts) if not (i + 1 < len(parts) and parts[i + 1].isdigit())]
+    segments = [rf"[^/;]*_{re.escape(p)}" for p in kept]
+    return r"(^|[/;])" + r"/(?:[^/;]*/)*".join(segments) + r"(?=[/;]|$)"
+
+
+def signature_feeds(
+    tokenizer: Any, names: list[str], texts: list[str], pairs: list[str] | None, lengths: list[int]
+) -> dict[str, list[dict[str, np.ndarray]]]:
+    """Calibration samples per signature: each text goes to the smallest length that holds it (as the
+    runner does), and every signature gets at least one sample so each has activation ranges."""
+    from compress.export import encode_batch
+    from compress.export.tflite import signature_name
+
+    counts = [
+        len(ids) for ids in tokenizer(texts, pairs, truncation=True, max_length=max(lengths))["input_ids"]
+    ]
+    groups: dict[int, list[int]] = {n: [] for n in lengths}
+    for i, count in enumerate(counts):
+        groups[next(n for n in lengths if n >= count)].append(i)
+    for n in lengths:
+        groups[n] = groups[n] or list(range(min(4, len(texts))))
+
+    def sample(i: int, n: int) -> dict[str, np.ndarray]:
+        feeds = encode_batch(
+            tokenizer, [texts[i]], [pairs[i]] if pairs else None, names, length=n, max_length=n
+        )
+        return {k: v.astype(np.int32) for k, v in feeds.items()}
+
+    return {signature_name(n): [sample(i, n) for i in rows] for n, rows in groups.items()}
+
+
+def build_quantizer(source: Path, scheme: str, per_channel: bool, float_layers: list[str]) -> Any:
+    from ai_edge_quantizer import qtyping, quantizer
+    from ai_edge_quantizer.algorithm_manager import AlgorithmName
+
+    every = qtyping.TFLOperationName.ALL_SUPPORTED
+    granularity = qtyping.QuantGranularity.CHANNELWISE if per_channel else qtyping.QuantGranularity.TENSORWISE
+    q = quantizer.Quantizer(str(source))
+    if scheme == "dynamic":
+        q.add_dynamic_config(".*", every, num_bits=8, granularity=granularity)
+    else:
+        q.add_static_config(
+            ".*", every, activation_num_bits=8, weight_num_bits=8, weight_granularity=granularity
+        )
+        q.update_quantization_recipe(LOGITS_SCOPE, every, algorithm_key=AlgorithmName.NO_QUANTIZE)
+    for layer in float_layers:
+        q.update_quantization_recipe(layer_scope(layer), every, algorithm_key=AlgorithmName.NO_QUANTIZE)
+    return q
+
+
+def check_float_outputs(path: Path) -> None:
+    from ai_edge_litert.interpreter import Interpreter
+
+    interpreter = Interpreter(model_path=str(path))
+    for key in interpreter.get_signature_list():
+        dtype = interpreter.get_signature_runner(key).get_output_details()["logits"]["dtype"]
+        if np.dtype(dtype) != np.float32:
+            raise ExportError(
+                f"{path.name}: signature {key} returns {np.dtype(dtype).name} logits, not float32"
+            )
+
+
+def quantize_tflite(
+    float_dir: Path,
+    out_dir: Path,
+    *,
+    scheme: Literal["dynamic", "static"],
+    calibration: dict[str, list[dict[str, np.ndarray]]] | None = None,
+    float_layers: list[str] | None = None,
+    per_channel: bool = True,
+    name: str | None = None,
+) -> dict[str, Any]:
+    """Quantize the fp32 TFLite artifact at ``float_dir`` into an int8 artifact folder at ``out_dir``.
+
+    ``calibration`` maps signature name (``seq_128``) to input samples; static needs it.
+    ``float_layers`` are PyTorch module names kept in float (see ``layer_scope``).
+    """
+    float_layers = list(float_layers or [])
+    if scheme == "static" and not calibration:
+        raise ExportError("static int8 needs calibration samples; set calibration.samples > 0")
+    q = build_quantizer(float_dir / "model.tflite", scheme, per_channel, float_layers)
+    with atomic_dir(out_dir) as folder:
+        target = folder / "model.tflite"
+        try:
+            qsvs = q.calibrate(calibration, num_threads=2) if scheme == "static" else None
+            q.quantize(qsvs, enable_progress_report=False).export_model(str(target), overwrite=True)
+        except ExportError:
+            raise
+        except Exception as exc:
+            raise ExportError(
+                f"ai-edge-quantizer {scheme} quantization failed: {type(exc).__name__}: "
+                f"{str(exc).splitlines()[0][:200] if str(exc) else ''}"
+            ) from None
+        check_float_outputs(target)
+        quantization = {
+            "tool": "ai-edge-quantizer",
+            "scheme": scheme,
+            "granularity": "per-channel" if per_channel else "per-tensor",
+            "weights": "int8",
+            "activations": "int8" if scheme == "static" else "dynamic",
+            "calibration": {"samples": sum(len(v) for v in calibration.values()), "method": "minmax"}
+            if scheme == "static" and calibration
+            else None,
+            "float_layers": float_layers,
+        }
+        manifest = derive_artifact(
+            float_dir, folder, name=name or Path(out_dir).name, quantization=quantization
+        )
+    return manifest

@@ -1,0 +1,120 @@
+"""``type: export``: one fp32 artifact per recipe target, each checked against the PyTorch model.
+
+The artifacts are what the quantize stage starts from and the float baseline evaluate compares
+int8 artifacts with. Which file format, input dtype and sequence lengths each gets comes from the
+target profile, never from stage options.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field
+
+from compress.errors import RecipeError
+from compress.stages import register_stage
+from compress.stages.base import StageConfig, StageContext, StageResult
+
+
+class ExportConfig(StageConfig):
+    type: Literal["export"] = "export"
+    targets: list[str] | None = None
+    """Subset of the recipe's targets to export (default: all of them)."""
+    check_samples: int = Field(32, gt=0)
+    """Eval-split texts used as real inputs for the export check."""
+
+
+def stage_targets(ctx: StageContext, names: list[str] | None, key: str) -> list[Any]:
+    """The target profiles a stage works on: the recipe's, or the subset the stage names."""
+    profiles = ctx.targets()
+    if not profiles:
+        raise RecipeError(f"{ctx.config.type}: the recipe lists no targets; add e.g. targets: [arm64-onnx]")
+    if names is None:
+        return profiles
+    known = {p.name: p for p in profiles}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise RecipeError(
+            f"{key}: {unknown} are not in the recipe's targets {sorted(known)}; "
+            "add them to targets or drop them here"
+        )
+    return [known[n] for n in names]
+
+
+def artifact_name(ctx: StageContext, folder: str) -> str:
+    """``<stage-dir>/<artifact-dir>``, e.g. ``04-export/arm64-onnx-fp32``, as other stages refer to it."""
+    return f"{ctx.index:02d}-{ctx.config.type}/{folder}"
+
+
+def check_texts(ctx: StageContext, count: int) -> tuple[list[str], list[str] | None]:
+    split = ctx.split("eval")
+    rows = list(range(min(count, len(split))))
+    return [split.texts[i] for i in rows], [split.pairs[i] for i in rows] if split.pairs is not None else None
+
+
+def export_float(
+    ctx: StageContext,
+    model: Any,
+    tokenizer: Any,
+    profile: Any,
+    folder: Path,
+    name: str,
+    texts: list[str],
+    pairs: list[str] | None,
+) -> dict[str, Any]:
+    """Export one fp32 artifact for ``profile`` into ``folder`` (shared with the quantize stage)."""
+    from compress.export.artifact import source_info
+
+    source = source_info(ctx.input_dir)
+    if profile.format == "onnx":
+        from compress.export.onnx import export_onnx
+
+        max_length = min(profile.max_length, ctx.recipe.task.max_length)
+        return export_onnx(
+            model,
+            tokenizer,
+            folder,
+            profile,
+            name=name,
+            texts=texts,
+            pairs=pairs,
+            max_length=max_length,
+            source=source,
+        )
+    from compress.export.tflite import export_tflite
+
+    return export_tflite(
+        model, tokenizer, folder, profile, name=name, texts=texts, pairs=pairs, source=source
+    )
+
+
+def load_input_model(ctx: StageContext) -> tuple[Any, Any]:
+    """The newest checkpoint; a shared/factorised one (from ``share``) is rebuilt with its ties intact."""
+    from compress.models import load_classifier
+    from compress.share.model import is_shared_folder, load_shared_classifier
+
+    if is_shared_folder(ctx.input_dir):
+        return load_shared_classifier(ctx.input_dir)
+    return load_classifier(ctx.input_dir, trust_remote_code=ctx.recipe.teacher.trust_remote_code)
+
+
+def artifact_metrics(manifest: dict[str, Any]) -> dict[str, Any]:
+    model_file = next(e for e in manifest["files"] if e["path"].startswith("model."))
+    return {"bytes": model_file["bytes"], "max_abs_diff": manifest["check"].get("max_abs_diff")}
+
+
+@register_stage("export", ExportConfig, produces="artifacts")
+def run(ctx: StageContext) -> StageResult:
+    config: ExportConfig = ctx.config  # type: ignore[assignment]
+    profiles = stage_targets(ctx, config.targets, "export.targets")
+    model, tokenizer = load_input_model(ctx)
+    texts, pairs = check_texts(ctx, config.check_samples)
+    metrics: dict[str, Any] = {}
+    for profile in profiles:
+        folder = f"{profile.name}-fp32"
+        manifest = export_float(
+            ctx, model, tokenizer, profile, ctx.out_dir / folder, artifact_name(ctx, folder), texts, pairs
+        )
+        metrics[folder] = artifact_metrics(manifest)
+    return StageResult(metrics={"artifacts": metrics}, info={"artifacts": sorted(metrics)})

@@ -1,0 +1,251 @@
+"""``type: quantize``: one int8 artifact per recipe target, accepted only within ``tolerable_loss``.
+
+Each int8 artifact is derived from a checked fp32 artifact of the same target (the export stage's,
+or one exported here) and measured against it on the eval split through the on-device runner.
+A scheme the target does not allow, or an int8 artifact that loses more than ``tolerable_loss``,
+stops the run unless ``allow_loss_miss`` says otherwise: a collapsed model is never written silently.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field
+
+from compress.config import Strict
+from compress.errors import ExportError, RecipeError
+from compress.stages import register_stage
+from compress.stages.base import StageConfig, StageContext, StageResult
+from compress.stages.export import artifact_name, check_texts, export_float, load_input_model, stage_targets
+
+log = logging.getLogger(__name__)
+
+
+class Calibration(Strict):
+    samples: int = Field(128, gt=0)
+    """Training-split texts used to calibrate activation ranges (static and auto)."""
+    method: Literal["minmax", "entropy", "percentile"] = "minmax"
+    """ONNX static only; ai-edge-quantizer (TFLite) calibrates min/max."""
+
+
+class QuantizeConfig(StageConfig):
+    type: Literal["quantize"] = "quantize"
+    scheme: Literal["dynamic", "static", "auto"] = "dynamic"
+    """dynamic: int8 weights; static: int8 weights and activations; auto: static with the most
+    sensitive layers kept float, found by an accuracy-aware search within tolerable_loss."""
+    targets: list[str] | None = None
+    calibration: Calibration = Field(default_factory=Calibration)
+    op_types: list[str] | None = None
+    """ONNX op types to quantize (default: all for dynamic, MatMul/Gemm for static)."""
+    exclude_nodes: list[str] = Field(default_factory=list)
+    """ONNX node names kept float."""
+    float_layers: list[str] = Field(default_factory=list)
+    """PyTorch module names (e.g. bert.encoder.layer.5.output.dense) kept float in every format."""
+    tolerable_loss: float = Field(0.01, ge=0, lt=1)
+    """Largest loss relative to the float artifact on the eval split (see metric)."""
+    metric: Literal["agreement", "accuracy"] = "agreement"
+    """agreement: loss = 1 - share of predictions kept; accuracy: relative accuracy drop."""
+    allow_loss_miss: bool = False
+    eval_samples: int | None = Field(None, gt=0)
+    """Use only this many eval rows for the search and the agreement check (default: all)."""
+    max_trials: int = Field(6, ge=1)
+    """auto: how many float-layer candidates the search may try."""
+
+
+def check_scheme(profile: Any, config: QuantizeConfig) -> None:
+    """The target profile decides which schemes may ship to it."""
+    needed = "static" if config.scheme == "auto" else config.scheme
+    allowed = profile.quantization.schemes
+    if needed not in allowed:
+        raise RecipeError(
+            f"quantize.scheme: target '{profile.name}' allows {allowed}, not '{config.scheme}'; "
+            "use an allowed scheme or drop the target from this stage"
+        )
+    keeps_float = config.scheme == "auto" or config.float_layers or config.exclude_nodes
+    if keeps_float and config.scheme != "dynamic" and not profile.quantization.float_fallback:
+        raise RecipeError(
+            f"quantize: target '{profile.name}' has float_fallback: false, so no layer may stay "
+            "float; remove float_layers/exclude_nodes or use scheme: static"
+        )
+
+
+def calibration_rows(ctx: StageContext, samples: int) -> tuple[list[str], list[str] | None]:
+    split = ctx.split("train")
+    rows = sorted(random.Random(ctx.seed).sample(range(len(split)), min(samples, len(split))))
+    return [split.texts[i] for i in rows], [split.pairs[i] for i in rows] if split.pairs is not None else None
+
+
+def eval_rows(ctx: StageContext, limit: int | None) -> tuple[list[str], list[str] | None, list[int] | None]:
+    split = ctx.split("eval")
+    n = min(limit or len(split), len(split))
+    pairs = split.pairs[:n] if split.pairs is not None else None
+    return split.texts[:n], pairs, split.labels[:n] if split.labels is not None else None
+
+
+def float_artifact(ctx: StageContext, model: Any, tokenizer: Any, profile: Any) -> Path:
+    """The export stage's fp32 artifact for ``profile`` if made from this checkpoint, else a cached one."""
+    from compress.export.artifact import source_info
+    from compress.io import read_json, sha256_json
+
+    source = source_info(ctx.input_dir)
+    exported = ctx.last("export")
+    if exported is not None:
+        folder = exported.dir / f"{profile.name}-fp32"
+        if (folder / "manifest.json").is_file() and read_json(folder / "manifest.json")["source"] == source:
+            return folder
+    key = sha256_json([source, profile.model_dump(), ctx.recipe.task.max_length])[:16]
+    folder = ctx.cache_dir / "float-artifacts" / f"{profile.name}-{key}"
+    if not (folder / "manifest.json").is_file():
+        texts, pairs = check_texts(ctx, 32)
+        export_float(ctx, model, tokenizer, profile, folder, f"{profile.name}-fp32", texts, pairs)
+    return folder
+
+
+def onnx_calibration(
+    tokenizer: Any, names: list[str], texts: list[str], pairs: list[str] | None, max_length: int, dtype: str
+) -> list[dict[str, Any]]:
+    """Batches of 8 padded to one length: ORT's histogram calibrators need equal shapes."""
+    from compress.export import encode_batch
+
+    lengths = tokenizer(texts, pairs, truncation=True, max_length=max_length)["input_ids"]
+    length = max(len(ids) for ids in lengths)
+    batches = []
+    for start in range(0, len(texts), 8):
+        chunk_pairs = pairs[start : start + 8] if pairs is not None else None
+        feeds = encode_batch(
+            tokenizer, texts[start : start + 8], chunk_pairs, names, length=length, max_length=max_length
+        )
+        batches.append({k: v.astype(dtype) for k, v in feeds.items()})
+    return batches
+
+
+def quantize_target(
+    ctx: StageContext,
+    config: QuantizeConfig,
+    profile: Any,
+    float_dir: Path,
+    out: Path,
+    tokenizer: Any,
+    names: list[str],
+    search: Any | None,
+) -> dict[str, Any]:
+    """Write the int8 artifact for one target; return its manifest."""
+    from compress.io import read_json
+
+    float_manifest = read_json(float_dir / "manifest.json")
+    per_channel = profile.quantization.granularity == "per-channel"
+    name = artifact_name(ctx, out.name)
+    float_layers = list(config.float_layers) + (search.float_layers if search else [])
+    texts, pairs = calibration_rows(ctx, config.calibration.samples)
+    scheme = "static" if config.scheme == "auto" else config.scheme
+    if profile.format == "onnx":
+        if search is not None:
+            from compress.quantize.search import export_search_winner
+
+            return export_search_winner(search, float_dir, out, name=name, profile=profile)
+        from compress.quantize.onnx import quantize_onnx
+
+        dtype = float_manifest["inputs"][0]["dtype"]
+        calibration = (
+            onnx_calibration(tokenizer, names, texts, pairs, float_manifest["max_length"], dtype)
+            if scheme == "static"
+            else None
+        )
+        return quantize_onnx(
+            float_dir,
+            out,
+            scheme=scheme,
+            calibration=calibration,
+            method=config.calibration.method,
+            op_types=config.op_types,
+            exclude_nodes=config.exclude_nodes,
+            float_layers=float_layers,
+            per_channel=per_channel,
+            activations=profile.quantization.activations,
+            name=name,
+        )
+    from compress.quantize.tflite import quantize_tflite, signature_feeds
+
+    calibration = (
+        signature_feeds(tokenizer, names, texts, pairs, float_manifest["sequence_lengths"])
+        if scheme == "static"
+        else None
+    )
+    return quantize_tflite(
+        float_dir,
+        out,
+        scheme=scheme,
+        calibration=calibration,
+        float_layers=float_layers,
+        per_channel=per_channel,
+        name=name,
+    )
+
+
+def measure(
+    float_dir: Path, int8_dir: Path, rows: tuple[list[str], list[str] | None, list[int] | None], metric: str
+) -> dict[str, Any]:
+    from compress.quantize import agreement, predict_logits, relative_loss
+
+    texts, pairs, labels = rows
+    measured = agreement(
+        predict_logits(float_dir, texts, pairs), predict_logits(int8_dir, texts, pairs), labels
+    )
+    measured["relative_loss"] = relative_loss(measured, metric if labels is not None else "agreement")
+    return measured
+
+
+def model_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.glob("model.*"))
+
+
+@register_stage("quantize", QuantizeConfig, produces="artifacts")
+def run(ctx: StageContext) -> StageResult:
+    config: QuantizeConfig = ctx.config  # type: ignore[assignment]
+    profiles = stage_targets(ctx, config.targets, "quantize.targets")
+    for profile in profiles:
+        check_scheme(profile, config)
+    model, tokenizer = load_input_model(ctx)
+    from compress.export import input_names
+
+    names = input_names(model)
+    rows = eval_rows(ctx, config.eval_samples)
+    search = None
+    if config.scheme == "auto":
+        from compress.quantize.search import search_float_layers
+
+        search = search_float_layers(
+            model, tokenizer, calibration_rows(ctx, config.calibration.samples), rows, config, seed=ctx.seed
+        )
+    metrics: dict[str, Any] = {}
+    for profile in profiles:
+        float_dir = float_artifact(ctx, model, tokenizer, profile)
+        out = ctx.out_dir / f"{profile.name}-int8"
+        manifest = quantize_target(ctx, config, profile, float_dir, out, tokenizer, names, search)
+        measured = measure(float_dir, out, rows, config.metric)
+        metrics[out.name] = {
+            **measured,
+            "bytes": model_bytes(out),
+            "float_bytes": model_bytes(float_dir),
+            "scheme": config.scheme,
+            "float_layers": manifest["quantization"]["float_layers"],
+        }
+    info = {
+        "search": search.summary() if search else None,
+        "metric": config.metric,
+        "tolerable_loss": config.tolerable_loss,
+    }
+    missed = {k: m["relative_loss"] for k, m in metrics.items() if m["relative_loss"] > config.tolerable_loss}
+    if missed and not config.allow_loss_miss:
+        worst = max(missed, key=missed.get)
+        raise ExportError(
+            f"quantize: {worst} loses {missed[worst]:.2%} ({config.metric}) against its float "
+            f"source, over tolerable_loss {config.tolerable_loss:.2%}; use scheme: auto, keep "
+            "layers float (float_layers) or set allow_loss_miss: true to keep it anyway"
+        )
+    if missed:
+        log.warning("quantize: kept int8 artifacts over tolerable_loss (allow_loss_miss): %s", missed)
+    return StageResult(metrics={"artifacts": metrics}, info={**info, "loss_missed": sorted(missed)})
