@@ -85,6 +85,11 @@ def run(recipe: Path, overrides: tuple[str, ...], out: Path, fresh: bool) -> Non
     loaded = load_recipe(recipe, overrides)
     result = run_recipe(loaded, out, fresh=fresh)
     click.echo(summary_table(result))
+    failed = [gate for gate in (result.report or {}).get("gates", []) if gate["verdict"] == "fail"]
+    if failed:
+        from compress.gate import Verdict
+
+        raise GateFailure([Verdict(**gate).line() for gate in failed])
 
 
 @main.command()
@@ -120,6 +125,15 @@ def targets() -> None:
             f"seq={lengths} schemes={','.join(profile.quantization.schemes)}  {profile.description}"
         )
 
+
+def _add_commands() -> None:
+    from compress.cli_report import COMMANDS as REPORT_COMMANDS
+
+    for command in REPORT_COMMANDS:
+        main.add_command(command)
+
+
+_add_commands()
 
 if __name__ == "__main__":
     main()

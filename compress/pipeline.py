@@ -256,14 +256,49 @@ def run_recipe(recipe: Any, out_dir: Path, *, fresh: bool = False) -> RunResult:
                 input_dir = folder
             if spec.sets_teacher:
                 teacher_dir = folder
-        write_json_atomic(
-            run_dir / "run.json",
-            {
-                "schema": RUN_SCHEMA,
-                "recipe": recipe.name,
-                "recipe_file": str(getattr(recipe, "_source", "")),
-                "teacher_dir": str(teacher_dir),
-                "stages": [{"index": o.index, "type": o.type, "dir": o.dir.name} for o in outcomes],
-            },
-        )
-        return RunResult(run_dir, outcomes)
+        run_manifest = {
+            "schema": RUN_SCHEMA,
+            "recipe": recipe.name,
+            "recipe_file": str(getattr(recipe, "_source", "")),
+            "teacher_dir": str(teacher_dir),
+            "stages": [{"index": o.index, "type": o.type, "dir": o.dir.name} for o in outcomes],
+        }
+        report, report_hash = _report(run_dir, recipe, upstream, fresh)
+        write_json_atomic(run_dir / "run.json", {**run_manifest, "report_hash": report_hash})
+        return RunResult(run_dir, outcomes, report)
+
+
+def _report(run_dir: Path, recipe: Any, upstream: str, fresh: bool) -> tuple[dict[str, Any], str]:
+    """Evaluate every artifact against the teacher and judge the gates; reused when nothing changed.
+
+    The hash covers the last stage (and so everything upstream), the evaluation settings, the
+    gates and the held-out data, so an identical rerun does not spend minutes re-measuring.
+    """
+    from compress.report import apply_gates, build_run_report, load_report, write_report
+
+    report_hash = sha256_json(
+        {
+            "upstream": upstream,
+            "evaluate": recipe.evaluate.model_dump(),
+            "gates": recipe.gates.model_dump() if recipe.gates else None,
+            "data": data_identity(recipe),
+        }
+    )
+    previous = _read_json_or_empty(run_dir / "run.json")
+    if not fresh and previous.get("report_hash") == report_hash and (run_dir / "report.json").is_file():
+        log.info("report: reused %s", run_dir / "report.json")
+        report = load_report(run_dir / "report.json")
+        apply_gates(report)
+        write_report(run_dir, report)
+    else:
+        log.info("report: evaluating the teacher and every artifact")
+        report = build_run_report(run_dir, recipe)
+    return report, report_hash
+
+
+def _read_json_or_empty(path: Path) -> dict[str, Any]:
+    try:
+        value = read_json(path)
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}

@@ -38,5 +38,6 @@ __all__ = ["STAGES", "StageConfig", "StageContext", "StageResult", "StageSpec", 
 
 from compress.stages import finetune  # noqa: E402, F401
 from compress.stages import share  # noqa: E402, F401
+from compress.stages import distill  # noqa: E402, F401
 from compress.stages import export  # noqa: E402, F401
 from compress.stages import quantize  # noqa: E402, F401
