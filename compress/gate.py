@@ -19,6 +19,7 @@ from compress.io import atomic_path
 from compress.recipe import BaselineGates, GatesConfig
 
 Entry = dict[str, Any]
+_EPS = 1e-9
 
 
 @dataclass(frozen=True)
@@ -83,7 +84,8 @@ def _judge(
 ) -> Verdict:
     if value is None:
         return Verdict(gate, name, None, threshold, "fail", detail or "the report has no value for it")
-    ok = value >= threshold if is_min else value <= threshold
+    # accuracies are ratios of counts: a drop of exactly the threshold must not fail on float rounding
+    ok = value >= threshold - _EPS if is_min else value <= threshold + _EPS
     return Verdict(gate, name, value, threshold, "pass" if ok else "fail", detail)
 
 

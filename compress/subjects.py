@@ -52,7 +52,9 @@ def subject_at(path: str | Path, *, teacher: bool = False, name: str | None = No
             manifest.get("precision", "fp32"),
         )
     if (folder / "config.json").is_file():
-        id2label = read_json(folder / "config.json").get("id2label") or {"0": "0", "1": "1"}
+        id2label = read_json(folder / "config.json").get("id2label")
+        if not id2label:
+            raise ModelError(f"{folder}/config.json: no id2label, so not a sequence classifier")
         names = [str(id2label[k]) for k in sorted(id2label, key=int)]
         return Subject(name or folder.name, folder, "torch", "teacher" if teacher else "checkpoint", names)
     what = (
@@ -97,11 +99,11 @@ def run_subjects(run_dir: str | Path, recipe: Any | None = None) -> list[Subject
     run_dir = Path(run_dir)
     teacher, found = None, []
     for stage_type, folder in _stage_folders(run_dir, recipe):
-        manifest_path = folder / "manifest.json"
-        if not manifest_path.is_file() or read_json(manifest_path).get("complete") is not True:
+        manifest = read_json(folder / "manifest.json") if (folder / "manifest.json").is_file() else {}
+        if manifest.get("complete") is not True:
             log.warning("%s: stage not finished; skipped", folder)
             continue
-        produces = read_json(manifest_path).get("produces")
+        produces = manifest.get("produces")
         if stage_type in STAGES and STAGES[stage_type].sets_teacher:
             teacher = folder
         elif produces == "model":
