@@ -168,3 +168,29 @@ def test_a_report_of_another_schema_is_refused(tmp_path: Path):
     (tmp_path / "report.json").write_text(json.dumps({"schema": "compress.report/0"}))
     with pytest.raises(CompressError, match=r"compress\.report/1"):
         load_report(tmp_path)
+
+
+def test_eval_input_errors_exit_2_with_one_line(tmp_path: Path):
+    import click
+    from click.testing import CliRunner
+
+    from compress.cli import Group
+    from compress.cli_report import COMMANDS
+
+    @click.group(cls=Group)
+    def cli() -> None:
+        pass
+
+    for command in COMMANDS:
+        cli.add_command(command)
+    data = tmp_path / "d.tsv"
+    data.write_text("sentence\tlabel\nfine film\t1\n")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    result = CliRunner().invoke(cli, ["eval", str(empty), "--data", str(data)])
+    assert result.exit_code == 2 and "not an artifact folder" in result.output
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text(json.dumps({"id2label": {"0": "negative", "1": "positive"}}))
+    result = CliRunner().invoke(cli, ["eval", str(checkpoint), "--data", str(data)])
+    assert result.exit_code == 2 and "missing column 'text'" in result.output
