@@ -106,3 +106,6 @@ def verify_arm_cmd(
             "verify-arm: the emulated arm64 predictions differ from the host's (or did not run)", err=True
         )
         ctx.exit(1)
+
+
+COMMANDS = (bundle_cmd, verify_arm_cmd)
