@@ -145,6 +145,7 @@ class TFLiteSession:
 
     def __init__(self, model: Path, threads: int):
         interpreter_cls, self.interpreter, self.interpreter_version = tflite_interpreter()
+        self.threads = threads
         try:
             interpreter = interpreter_cls(model_path=str(model), num_threads=threads)
         except (ValueError, RuntimeError) as exc:
@@ -193,7 +194,7 @@ class OnnxSession:
                 f"running model.onnx needs onnxruntime: pip install onnxruntime ({exc})"
             ) from None
         options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
+        options.intra_op_num_threads = self.threads = threads
         options.inter_op_num_threads = 1
         self._session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
         self.interpreter, self.interpreter_version = "onnxruntime", ort.__version__
@@ -296,15 +297,10 @@ class Runner:
     def __init__(
         self, folder: Path, manifest: dict[str, Any], session: Any, encoder: Encoder, labels: list[str]
     ):
-        self.folder, self.manifest, self.session, self.encoder, self.labels = (
-            folder,
-            manifest,
-            session,
-            encoder,
-            labels,
-        )
+        self.folder, self.manifest, self.session, self.encoder = folder, manifest, session, encoder
+        self.labels = labels
         self.model = folder / MODEL_FILES[manifest["format"]]
-        self.threads = session.threads
+        self.threads: int = session.threads
         self.text_pair = bool((manifest.get("task") or {}).get("text_pair", False))
 
     def _inputs(self, texts: Any, pairs: Any) -> tuple[list[str], list[str] | None]:
@@ -434,7 +430,6 @@ def load(artifact_dir: str | Path, *, verify: bool = True, threads: int | None =
     labels = read_labels(folder / "labels.json")
     count = int(threads or manifest.get("threads") or os.cpu_count() or 1)
     session = TFLiteSession(model, count) if manifest["format"] == "tflite" else OnnxSession(model, count)
-    session.threads = count
     max_length = min(manifest["max_length"], max(session.lengths or [manifest["max_length"]]))
     return Runner(folder, manifest, session, Encoder(folder / "tokenizer.json", max_length), labels)
 
