@@ -157,9 +157,14 @@ def run_env(root: Path, site: Path, folder: Path, data: Path, timeout: float) ->
 
 
 def compare(host: list[dict[str, Any]], arm: list[dict[str, Any]]) -> dict[str, Any]:
-    agree = sum(h["label"] == a["label"] for h, a in zip(host, arm, strict=True))
+    differ = [i for i, (h, a) in enumerate(zip(host, arm, strict=True), 1) if h["label"] != a["label"]]
     diff = np.abs(np.array([h["logits"] for h in host]) - np.array([a["logits"] for a in arm])).max()
-    return {"agree": agree, "total": len(host), "max_abs_logit_diff": round(float(diff), 6)}
+    return {
+        "agree": len(host) - len(differ),
+        "total": len(host),
+        "max_abs_logit_diff": round(float(diff), 6),
+        "first_differing_lines": differ[:10],
+    }
 
 
 def verify_arm(

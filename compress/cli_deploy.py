@@ -99,6 +99,8 @@ def verify_arm_cmd(
             f"{name} {interpreter}: {run['agree']}/{run['total']} labels as on the host "
             f"({host['name']} {host['version']}), max |logit diff| {run['max_abs_logit_diff']:.2e}"
         )
+        if run["first_differing_lines"]:
+            click.echo(f"    labels differ on text lines {run['first_differing_lines']} (first 10)")
     if out is not None:
         write_json_atomic(out, result)
     if not result["ok"]:

@@ -24,7 +24,12 @@ def test_missing_emulator_prints_the_install_command(monkeypatch: pytest.MonkeyP
 def test_compare_counts_label_agreement_and_logit_drift():
     host = [{"label": "a", "logits": [1.0, 0.0]}, {"label": "b", "logits": [0.0, 1.0]}]
     emulated = [{"label": "a", "logits": [1.0, 0.0]}, {"label": "a", "logits": [0.0, 0.0]}]
-    assert arm.compare(host, emulated) == {"agree": 1, "total": 2, "max_abs_logit_diff": 1.0}
+    assert arm.compare(host, emulated) == {
+        "agree": 1,
+        "total": 2,
+        "max_abs_logit_diff": 1.0,
+        "first_differing_lines": [2],
+    }
 
 
 def test_a_tarball_without_a_runner_is_not_a_bundle(tmp_path: Path):
