@@ -64,6 +64,7 @@ def check_model_folder(folder: Path, *, allow_pickle: bool = False) -> None:
     if not (folder / "config.json").is_file():
         raise ModelError(f"{folder}: no config.json; point at a Hugging Face model folder")
     if any((folder / f).is_file() for f in WEIGHT_FILES_SAFE):
+        _check_safetensors(folder)
         return
     if any((folder / f).is_file() for f in WEIGHT_FILES_PICKLE):
         if allow_pickle:
@@ -79,6 +80,7 @@ def check_model_folder(folder: Path, *, allow_pickle: bool = False) -> None:
 
 
 def _check_safetensors(folder: Path) -> None:
+    """Read every header and tensor slice, so a truncated download fails here and not mid-run."""
     from safetensors import safe_open
 
     for path in sorted(folder.glob("*.safetensors")):
@@ -143,7 +145,10 @@ def load_classifier(
 
     folder = Path(folder)
     check_model_folder(folder, allow_pickle=allow_pickle)
-    _check_safetensors(folder)
+    from compress.share.model import is_shared_folder, load_shared_classifier
+
+    if is_shared_folder(folder):  # layers tied / embedding factorised by the share stage
+        return load_shared_classifier(folder)
     kwargs: dict[str, Any] = {
         "trust_remote_code": trust_remote_code,
         "use_safetensors": not allow_pickle or None,
@@ -173,6 +178,11 @@ def label_names_of(model) -> list[str]:
 
 def save_checkpoint(model, tokenizer, folder: Path) -> None:
     """Save as a Hugging Face folder with safetensors weights and a fast tokenizer.json."""
+    from compress.share.model import save_shared_checkpoint, sharing_spec
+
+    if sharing_spec(model):  # save_pretrained refuses tensors shared between layers
+        save_shared_checkpoint(model, tokenizer, folder)
+        return
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(folder), safe_serialization=True)
     tokenizer.save_pretrained(str(folder))
