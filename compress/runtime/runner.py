@@ -133,11 +133,12 @@ def check_input_names(model: Path, names: list[str]) -> None:
 
 
 def pick_output(model: Path, names: list[str]) -> str:
-    if "logits" in names or len(names) != 1:
-        if "logits" not in names:
-            raise RunnerError(f"{model}: outputs {names} have no 'logits'; re-export it with compress")
+    """The output named ``logits``, or the only output of a model exported without names."""
+    if "logits" in names:
         return "logits"
-    return names[0]
+    if len(names) == 1:
+        return names[0]
+    raise RunnerError(f"{model}: outputs {names} have no 'logits'; re-export it with compress")
 
 
 class TFLiteSession:
