@@ -127,9 +127,10 @@ def targets() -> None:
 
 
 def _add_commands() -> None:
+    from compress.cli_deploy import COMMANDS as DEPLOY_COMMANDS
     from compress.cli_report import COMMANDS as REPORT_COMMANDS
 
-    for command in REPORT_COMMANDS:
+    for command in (*REPORT_COMMANDS, *DEPLOY_COMMANDS):
         main.add_command(command)
 
 
