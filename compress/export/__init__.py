@@ -91,7 +91,8 @@ def unsupported_op(message: str) -> str | None:
     for pattern in patterns:
         found = re.search(pattern, message)
         if found:
-            return ".".join(g for g in found.groups() if g and g != "default")
+            name = ".".join(g for g in found.groups() if g and g != "default")
+            return name.removesuffix(".default")
     return None
 
 

@@ -138,7 +138,7 @@ def quantize_target(
     float_manifest = read_json(float_dir / "manifest.json")
     per_channel = profile.quantization.granularity == "per-channel"
     name = artifact_name(ctx, out.name)
-    float_layers = list(config.float_layers) + (search.float_layers if search else [])
+    float_layers = search.float_layers if search else list(config.float_layers)
     texts, pairs = calibration_rows(ctx, config.calibration.samples)
     scheme = "static" if config.scheme == "auto" else config.scheme
     if profile.format == "onnx":
@@ -218,7 +218,15 @@ def run(ctx: StageContext) -> StageResult:
         from compress.quantize.search import search_float_layers
 
         search = search_float_layers(
-            model, tokenizer, calibration_rows(ctx, config.calibration.samples), rows, config, seed=ctx.seed
+            model,
+            tokenizer,
+            calibration_rows(ctx, config.calibration.samples),
+            rows,
+            tolerable_loss=config.tolerable_loss,
+            metric=config.metric,
+            max_trials=config.max_trials,
+            max_length=ctx.recipe.task.max_length,
+            fixed_layers=config.float_layers,
         )
     metrics: dict[str, Any] = {}
     for profile in profiles:
