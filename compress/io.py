@@ -7,6 +7,7 @@ place, so an interrupted run never leaves a half-written file that looks finishe
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -48,11 +49,15 @@ def file_entries(folder: str | Path) -> list[dict[str, Any]]:
 
 
 def _raise_os_error(path: Path, exc: OSError) -> None:
-    if exc.errno == 28:  # ENOSPC
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        reason = "disk quota exceeded" if exc.errno == errno.EDQUOT else "no space left on device"
+        raise CompressError(f"{path}: {reason}; free disk space or pass --out on another disk") from exc
+    if exc.errno == errno.EFBIG:
         raise CompressError(
-            f"{path}: no space left on device; free disk space or pass --out on another disk"
+            f"{path}: file too large for this file system or the file-size limit (ulimit -f); "
+            "raise the limit or pass --out on another disk"
         ) from exc
-    if exc.errno in (13, 30):  # EACCES, EROFS
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         raise CompressError(f"{path}: not writable; choose a writable folder with --out") from exc
     raise CompressError(f"{path}: {exc.strerror or exc}") from exc
 

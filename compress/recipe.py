@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import reprlib
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
@@ -23,6 +24,9 @@ from compress.errors import RecipeError
 from compress.yamlpos import Loc, format_loc, line_for, load_yaml_with_lines
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+_SHORT = reprlib.Repr()
+"""Shows a bad value in an error without printing (or expanding) a huge or aliased structure."""
+_SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxdict, _SHORT.maxstring, _SHORT.maxother = 2, 4, 4, 60, 60
 
 
 class TaskConfig(Strict):
@@ -184,11 +188,21 @@ def _describe_error(err: dict[str, Any]) -> str:
         return f"must be {op} {bound}, got {value!r}"
     if kind == "literal_error":
         return f"must be one of {ctx.get('expected')}, got {value!r}"
-    msg = err["msg"]
-    msg = re.sub(r"^Value error, ", "", msg)
-    if kind.endswith("_type") or kind.endswith("_parsing"):
-        return f"{msg[0].lower()}{msg[1:]}, got {value!r}"
-    return msg
+    if kind == "string_pattern_mismatch" and ctx.get("pattern") == NAME_PATTERN:
+        return (
+            "must be letters, digits, '.', '_' or '-', starting with a letter or digit "
+            f"(it names the run folder), got {value!r}"
+        )
+    if kind == "string_pattern_mismatch":
+        return f"must match {ctx.get('pattern')}, got {value!r}"
+    if kind == "too_short":
+        return f"needs at least {ctx.get('min_length')} item(s), got {ctx.get('actual_length')}; add one"
+    msg = re.sub(r"^Value error, ", "", err["msg"])
+    if kind == "value_error":
+        return msg
+    msg = f"{msg[0].lower()}{msg[1:]}" if msg[:1].isupper() and msg[1:2].islower() else msg
+    shown = _SHORT.repr(value)
+    return f"{msg} ({shown})" if " got " in msg else f"{msg}, got {shown}"
 
 
 def _clean_loc(loc: tuple[Any, ...], data: Any) -> Loc:
@@ -304,6 +318,8 @@ def _check_files(recipe: Any, path: Path, lines: dict[Loc, int]) -> None:
         source = getattr(recipe.data, split)
         if source is not None and source.path:
             file = resolve_path(recipe, source.path)
+            if file.is_dir():
+                fail(("data", split, "path"), f"{file} is a folder; point it at a TSV, CSV or JSONL file")
             if not file.is_file():
                 fail(
                     ("data", split, "path"),

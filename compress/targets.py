@@ -89,7 +89,7 @@ def available_targets(folder: Path | None = None) -> list[str]:
 def load_target(name: str, folder: Path | None = None) -> TargetProfile:
     folder = folder or targets_dir()
     path = folder / f"{name}.yaml"
-    if not path.is_file():
+    if name not in available_targets(folder):
         known = ", ".join(available_targets(folder)) or "none"
         raise RecipeError(f"unknown target '{name}'; known targets in {folder}: {known}")
     return load_target_file(path)
