@@ -10,6 +10,8 @@ from compress.errors import CompressError
 
 
 def _megabytes(size: int) -> str:
+    if size < 1000:
+        return f"{size} B"
     return f"{size / 1e6:.2f} MB" if size >= 100_000 else f"{size / 1e3:.1f} kB"
 
 
