@@ -1,0 +1,122 @@
+"""ONNX int8 with onnxruntime.quantization: dynamic and static QDQ, safe op types, exclusions, errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+from compress.errors import ExportError
+from compress.export import SAMPLE_TEXTS, encode_batch, input_names
+from compress.export.onnx import export_onnx
+from compress.models import load_classifier
+from compress.quantize import predict_logits
+from compress.quantize.onnx import nodes_in_layers, quantize_onnx
+from compress.targets import load_target
+
+
+@pytest.fixture(scope="module")
+def float_dir(tiny_bert_dir, tmp_path_factory):
+    model, tokenizer = load_classifier(tiny_bert_dir)
+    folder = tmp_path_factory.mktemp("onnx") / "fp32"
+    export_onnx(model, tokenizer, folder, load_target("arm64-onnx"), name="01-export/fp32")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def calibration(tiny_bert_dir):
+    model, tokenizer = load_classifier(tiny_bert_dir)
+    texts = SAMPLE_TEXTS * 4
+    return [
+        encode_batch(tokenizer, texts[i : i + 8], None, input_names(model), length=24, max_length=24)
+        for i in range(0, len(texts), 8)
+    ]
+
+
+def quantize_nodes_serve_only(path, op_types: set[str]) -> bool:
+    """Every activation QuantizeLinear sits on the input or the output of one of ``op_types``."""
+    graph = onnx.load(str(path)).graph
+    producer = {o: n.op_type for n in graph.node for o in n.output}
+    consumers: dict[str, list[str]] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node.op_type)
+    dq_of = {n.input[0]: n.output[0] for n in graph.node if n.op_type == "DequantizeLinear"}
+    quantize = [n for n in graph.node if n.op_type == "QuantizeLinear"]
+    return bool(quantize) and all(
+        producer.get(q.input[0]) in op_types or op_types & set(consumers.get(dq_of.get(q.output[0], ""), []))
+        for q in quantize
+    )
+
+
+def test_dynamic_int8_is_smaller_and_close_to_float(tmp_path, float_dir):
+    manifest = quantize_onnx(float_dir, tmp_path / "int8", scheme="dynamic", name="02-quantize/int8")
+    assert manifest["precision"] == "int8" and manifest["name"] == "02-quantize/int8"
+    assert manifest["quantization"]["scheme"] == "dynamic"
+    assert manifest["quantization"]["granularity"] == "per-channel"
+    assert manifest["inputs"] == read_inputs(float_dir)
+    assert {e["path"] for e in manifest["files"]} == {"model.onnx", "tokenizer.json", "labels.json"}
+    assert (tmp_path / "int8" / "model.onnx").stat().st_size < (float_dir / "model.onnx").stat().st_size
+    got, ref = (
+        predict_logits(tmp_path / "int8", SAMPLE_TEXTS, None),
+        predict_logits(float_dir, SAMPLE_TEXTS, None),
+    )
+    assert np.abs(got - ref).max() < 0.05
+
+
+def read_inputs(folder):
+    from compress.io import read_json
+
+    return read_json(folder / "manifest.json")["inputs"]
+
+
+def test_static_quantizes_only_matmuls_by_default(tmp_path, float_dir, calibration):
+    manifest = quantize_onnx(
+        float_dir, tmp_path / "s", scheme="static", calibration=calibration, method="minmax"
+    )
+    assert manifest["quantization"]["op_types"] == ["MatMul", "Gemm"]
+    assert manifest["quantization"]["calibration"] == {"samples": 24, "method": "minmax"}
+    assert quantize_nodes_serve_only(tmp_path / "s" / "model.onnx", {"MatMul", "Gemm"})
+    got, ref = (
+        predict_logits(tmp_path / "s", SAMPLE_TEXTS, None),
+        predict_logits(float_dir, SAMPLE_TEXTS, None),
+    )
+    assert np.abs(got - ref).max() < 0.05
+
+
+@pytest.mark.parametrize("method", ["entropy", "percentile"])
+def test_histogram_calibration_methods_run(tmp_path, float_dir, calibration, method):
+    manifest = quantize_onnx(
+        float_dir, tmp_path / method, scheme="static", calibration=calibration, method=method
+    )
+    assert manifest["quantization"]["calibration"]["method"] == method
+
+
+def test_float_layers_keep_their_nodes_float(tmp_path, float_dir, calibration):
+    layer_nodes = nodes_in_layers(float_dir / "model.onnx", ["bert.encoder.layer.1"])
+    assert layer_nodes
+    manifest = quantize_onnx(
+        float_dir,
+        tmp_path / "f",
+        scheme="static",
+        calibration=calibration,
+        float_layers=["bert.encoder.layer.1"],
+    )
+    assert set(layer_nodes) <= set(manifest["quantization"]["excluded_nodes"])
+    graph = onnx.load(str(tmp_path / "f" / "model.onnx")).graph
+    dq_outputs = {o for n in graph.node if n.op_type == "DequantizeLinear" for o in n.output}
+    kept = [n for n in graph.node if n.name in layer_nodes and n.op_type == "MatMul"]
+    assert kept and not any(dq_outputs & set(n.input) for n in kept)
+
+
+def test_unknown_excluded_node_is_an_error(tmp_path, float_dir):
+    with pytest.raises(ExportError, match=r"exclude_nodes: .*not nodes of model\.onnx"):
+        quantize_onnx(float_dir, tmp_path / "x", scheme="dynamic", exclude_nodes=["no_such_node"])
+
+
+def test_static_needs_calibration_and_a_known_method(tmp_path, float_dir, calibration):
+    with pytest.raises(ExportError, match="calibration samples"):
+        quantize_onnx(float_dir, tmp_path / "x", scheme="static")
+    with pytest.raises(ExportError, match=r"calibration\.method 'mse'"):
+        quantize_onnx(float_dir, tmp_path / "x", scheme="static", calibration=calibration, method="mse")
+    assert not (tmp_path / "x").exists()

@@ -1,0 +1,107 @@
+"""The quantize stage: schemes checked against the target, loss within tolerance or a clear failure."""
+
+from __future__ import annotations
+
+import pytest
+
+from compress.errors import ExportError, RecipeError
+from compress.export import Classifier
+from compress.io import read_json
+from compress.models import load_classifier
+from compress.quantize.search import candidate_counts, search_units
+from compress.stages.quantize import QuantizeConfig, check_scheme
+from compress.targets import TargetProfile
+from tests.helpers.tiny import write_recipe
+
+
+def board(schemes: list[str], float_fallback: bool = True) -> TargetProfile:
+    return TargetProfile(
+        name="npu-board",
+        format="tflite",
+        runtime="litert",
+        sequence_lengths=[16],
+        input_dtype="int32",
+        quantization={"schemes": schemes, "float_fallback": float_fallback},
+    )
+
+
+def test_a_scheme_the_target_does_not_allow_is_a_one_line_error():
+    with pytest.raises(RecipeError, match="target 'npu-board' allows \\['dynamic'\\], not 'static'") as info:
+        check_scheme(board(["dynamic"]), QuantizeConfig(scheme="static"))
+    assert "\n" not in str(info.value)
+    with pytest.raises(RecipeError, match="not 'auto'"):
+        check_scheme(board(["dynamic"]), QuantizeConfig(scheme="auto"))
+    check_scheme(board(["dynamic"]), QuantizeConfig(scheme="dynamic"))
+
+
+def test_a_target_without_float_fallback_refuses_float_layers():
+    with pytest.raises(RecipeError, match="float_fallback: false"):
+        check_scheme(board(["static"], float_fallback=False), QuantizeConfig(scheme="auto"))
+    with pytest.raises(RecipeError, match="float_fallback: false"):
+        check_scheme(
+            board(["static"], float_fallback=False),
+            QuantizeConfig(scheme="static", float_layers=["bert.encoder.layer.0"]),
+        )
+
+
+def test_search_units_are_blocks_and_outside_linears_with_shared_blocks_once(tiny_bert_dir):
+    model, _ = load_classifier(tiny_bert_dir)
+    units = search_units(Classifier(model))
+    assert units == [
+        "model.bert.encoder.layer.0",
+        "model.bert.encoder.layer.1",
+        "model.bert.pooler.dense",
+        "model.classifier",
+    ]
+    model.bert.encoder.layer[1] = model.bert.encoder.layer[0]
+    assert search_units(Classifier(model))[:2] == ["model.bert.encoder.layer.0", "model.bert.pooler.dense"]
+
+
+def test_candidates_grow_from_no_float_layer():
+    assert candidate_counts(8, 6) == [0, 1, 2, 4, 8]
+    assert candidate_counts(8, 3) == [0, 1, 2]
+    assert candidate_counts(0, 6) == [0]
+
+
+def run_tiny(tmp_path, tiny_bert_dir, reviews, stage: str):
+    from compress.pipeline import run_recipe
+    from compress.recipe import load_recipe
+
+    path = write_recipe(
+        tmp_path / "r.yaml",
+        teacher=tiny_bert_dir,
+        data=reviews,
+        stages=stage,
+        extra="targets: [arm64-onnx]\n",
+    )
+    return run_recipe(load_recipe(path), tmp_path / "runs")
+
+
+@pytest.mark.slow
+def test_dynamic_stage_writes_an_agreeing_int8_artifact(tmp_path, tiny_bert_dir, reviews):
+    result = run_tiny(tmp_path, tiny_bert_dir, reviews, "  - type: quantize\n")
+    stage = next(s for s in result.stages if s.type == "quantize")
+    metrics = read_json(stage.dir / "manifest.json")["metrics"]["artifacts"]["arm64-onnx-int8"]
+    assert metrics["agreement"] >= 0.99 and metrics["samples"] == 32
+    assert metrics["bytes"] < metrics["float_bytes"]
+    manifest = read_json(stage.dir / "arm64-onnx-int8" / "manifest.json")
+    assert manifest["name"] == f"{stage.dir.name}/arm64-onnx-int8"
+    assert manifest["precision"] == "int8" and manifest["target"] == "arm64-onnx"
+
+
+@pytest.mark.slow
+def test_an_int8_artifact_over_tolerable_loss_fails_the_stage(tmp_path, tiny_bert_dir, reviews, monkeypatch):
+    import compress.quantize as quantize
+
+    real = quantize.agreement
+
+    def lossy(float_logits, int8_logits, labels):
+        measured = real(float_logits, int8_logits, labels)
+        return {**measured, "agreement": 0.9}
+
+    monkeypatch.setattr(quantize, "agreement", lossy)
+    with pytest.raises(ExportError, match=r"arm64-onnx-int8 loses 10\.00% .* over tolerable_loss 1\.00%"):
+        run_tiny(tmp_path, tiny_bert_dir, reviews, "  - type: quantize\n")
+    result = run_tiny(tmp_path, tiny_bert_dir, reviews, "  - type: quantize\n    allow_loss_miss: true\n")
+    stage = next(s for s in result.stages if s.type == "quantize")
+    assert read_json(stage.dir / "manifest.json")["info"]["loss_missed"] == ["arm64-onnx-int8"]

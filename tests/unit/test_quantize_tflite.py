@@ -1,0 +1,92 @@
+"""TFLite int8 with ai-edge-quantizer: dynamic and static, float scopes from module names, float logits."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from compress.errors import ExportError
+from compress.export import SAMPLE_TEXTS, input_names
+from compress.export.tflite import export_tflite
+from compress.models import load_classifier
+from compress.quantize import predict_logits
+from compress.quantize.tflite import layer_scope, quantize_tflite, signature_feeds
+from compress.targets import TargetProfile
+
+TENSOR = (
+    "compress.export.Classifier/transformers.models.bert.modeling_bert.BertForSequenceClassification_model/"
+    "transformers.models.bert.modeling_bert.BertModel_bert/transformers.models.bert.modeling_bert.BertEncoder_encoder/"
+    "transformers.models.bert.modeling_bert.BertLayer_{i}/transformers.models.bert.modeling_bert.BertIntermediate_"
+    "intermediate/torch.nn.modules.linear.Linear_dense;3"
+)
+
+
+def test_layer_scope_matches_the_traced_module_path_only():
+    assert re.search(layer_scope("bert.encoder.layer.1"), TENSOR.format(i=1))
+    assert re.search(layer_scope("bert.encoder.layer.1.intermediate.dense"), TENSOR.format(i=1))
+    assert not re.search(layer_scope("bert.encoder.layer.1"), TENSOR.format(i=11))
+    assert not re.search(layer_scope("bert.encoder.layer.1.output"), TENSOR.format(i=1))
+
+
+@pytest.fixture(scope="module")
+def tiny_tflite(tiny_bert_dir, tmp_path_factory):
+    model, tokenizer = load_classifier(tiny_bert_dir)
+    profile = TargetProfile(
+        name="test-phone", format="tflite", runtime="litert", sequence_lengths=[16, 32], input_dtype="int32"
+    )
+    folder = tmp_path_factory.mktemp("tflite") / "fp32"
+    export_tflite(model, tokenizer, folder, profile)
+    calibration = signature_feeds(tokenizer, input_names(model), SAMPLE_TEXTS * 2, None, [16, 32])
+    return folder, calibration
+
+
+def test_every_signature_gets_calibration_samples(tiny_tflite):
+    _, calibration = tiny_tflite
+    assert set(calibration) == {"seq_16", "seq_32"}
+    assert all(calibration[k] for k in calibration)
+    assert all(
+        f["input_ids"].dtype == np.int32 and f["input_ids"].shape == (1, 16) for f in calibration["seq_16"]
+    )
+
+
+@pytest.mark.parametrize("scheme", ["dynamic", "static"])
+def test_int8_keeps_float_logits_and_stays_close(tmp_path, tiny_tflite, scheme):
+    float_dir, calibration = tiny_tflite
+    manifest = quantize_tflite(float_dir, tmp_path / scheme, scheme=scheme, calibration=calibration)
+    assert manifest["precision"] == "int8" and manifest["quantization"]["scheme"] == scheme
+    assert manifest["outputs"] == [{"name": "logits", "dtype": "float32", "shape": [1, 2]}]
+    got = predict_logits(tmp_path / scheme, SAMPLE_TEXTS, None)
+    ref = predict_logits(float_dir, SAMPLE_TEXTS, None)
+    assert got.dtype == np.float32 and np.abs(got - ref).max() < 0.05
+
+
+def int8_tensor_count(path) -> int:
+    from ai_edge_litert.interpreter import Interpreter
+
+    return sum(
+        np.dtype(d["dtype"]) == np.int8 for d in Interpreter(model_path=str(path)).get_tensor_details()
+    )
+
+
+def test_float_layers_leave_fewer_int8_tensors(tmp_path, tiny_tflite):
+    float_dir, calibration = tiny_tflite
+    quantize_tflite(float_dir, tmp_path / "all", scheme="static", calibration=calibration)
+    manifest = quantize_tflite(
+        float_dir,
+        tmp_path / "some",
+        scheme="static",
+        calibration=calibration,
+        float_layers=["bert.encoder.layer.1"],
+    )
+    assert manifest["quantization"]["float_layers"] == ["bert.encoder.layer.1"]
+    assert int8_tensor_count(tmp_path / "some" / "model.tflite") < int8_tensor_count(
+        tmp_path / "all" / "model.tflite"
+    )
+
+
+def test_static_needs_calibration(tmp_path, tiny_tflite):
+    float_dir, _ = tiny_tflite
+    with pytest.raises(ExportError, match="calibration samples"):
+        quantize_tflite(float_dir, tmp_path / "x", scheme="static")
