@@ -177,3 +177,17 @@ def test_tflite_bundle_offers_the_tflite_runtime_fallback(artifacts, tiny_bert_d
         "numpy<2",
         "tokenizers>=0.19",
     ]
+
+
+def test_bundle_command_reports_the_size(artifacts, tiny_bert_dir, tmp_path, target):
+    from click.testing import CliRunner
+
+    from compress.cli_deploy import bundle_cmd
+
+    run = fake_run(tmp_path / "run", tiny_bert_dir, artifacts, "onnx")
+    out = tmp_path / "pi.tar.gz"
+    result = CliRunner().invoke(bundle_cmd, [str(run), "--target", target("onnx"), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    first = result.output.splitlines()[0]
+    assert first.startswith(f"{out}: ") and "onnx fp32, for tiny-board)" in first
+    assert "model.onnx" in result.output
