@@ -45,12 +45,10 @@ def load_torch(path: str, threads: int, max_length: int) -> tuple[Predict, dict[
     import torch
 
     from compress.models import count_parameters, load_classifier
-    from compress.share.model import is_shared_folder, load_shared_classifier
     from compress.training import forward_inputs
 
     torch.set_num_threads(threads)
-    # a shared/factorised checkpoint (share stage) must be rebuilt with its ties, not re-initialised
-    model, tokenizer = load_shared_classifier(path) if is_shared_folder(path) else load_classifier(path)
+    model, tokenizer = load_classifier(path)  # share-stage checkpoints come back with their ties
 
     @torch.inference_mode()
     def predict(texts: list[str], pairs: list[str] | None) -> np.ndarray:
