@@ -27,6 +27,7 @@ from compress.footprint import artifact_parameters, model_bytes_and_sha, total_b
 from compress.io import read_json
 from compress.metrics import fidelity_metrics, task_metrics
 from compress.subjects import Subject
+from compress.targets import TargetProfile, load_target
 
 log = logging.getLogger(__name__)
 
@@ -54,14 +55,10 @@ class Settings:
         )
 
 
-def threads_for(subject: Subject, settings: Settings) -> int:
+def threads_for(profile: TargetProfile | None, settings: Settings) -> int:
     """The thread count to measure with, capped at this machine's cores (oversubscription only adds noise)."""
-    wanted = settings.threads
-    if wanted is None and subject.target:
-        from compress.targets import load_target
-
-        wanted = load_target(subject.target).threads
-    return max(1, min(wanted or settings.teacher_threads, os.cpu_count() or 1))
+    wanted = settings.threads or (profile.threads if profile else settings.teacher_threads)
+    return max(1, min(wanted, os.cpu_count() or 1))
 
 
 def _worker_env(threads: int) -> dict[str, str]:
@@ -71,9 +68,10 @@ def _worker_env(threads: int) -> dict[str, str]:
     return env
 
 
-def run_worker(subject: Subject, split: Split, settings: Settings) -> tuple[np.ndarray, dict[str, Any]]:
+def run_worker(
+    subject: Subject, split: Split, settings: Settings, threads: int
+) -> tuple[np.ndarray, dict[str, Any]]:
     """Run ``subject`` on ``split`` in a fresh process; return its logits and measurements."""
-    threads = threads_for(subject, settings)
     with tempfile.TemporaryDirectory(prefix="compress-eval-") as tmp:
         request = {
             "model": str(subject.path),
@@ -107,7 +105,8 @@ def evaluate_subject(
 ) -> tuple[dict[str, Any], np.ndarray]:
     """One report entry (identity, footprint, measurements, metrics) and the subject's logits."""
     log.info("evaluating %s (%s) on %d rows", subject.name, subject.format, len(split))
-    logits, run = run_worker(subject, split, settings)
+    profile = load_target(subject.target) if subject.target else None
+    logits, run = run_worker(subject, split, settings, threads_for(profile, settings))
     if logits.shape[-1] != len(split.label_names):
         raise DataError(
             f"{subject.path} predicts {logits.shape[-1]} classes but {split.source} has "
@@ -143,6 +142,8 @@ def evaluate_subject(
         },
         "metrics": metrics,
     }
+    if profile is not None:
+        entry["budgets"] = {k: v for k, v in profile.budgets.model_dump().items() if v is not None}
     return entry, logits
 
 

@@ -102,6 +102,32 @@ def absolute_verdicts(report: dict[str, Any], gates: GatesConfig) -> list[Verdic
     return out
 
 
+def budget_verdicts(report: dict[str, Any]) -> list[Verdict]:
+    """Each artifact against its target profile's budgets, whether or not the recipe has gates.
+
+    Latency is judged on the board's own numbers when device results were merged, otherwise on
+    the host's (a host usually outruns the board, so a host miss is a real miss).
+    """
+    on_device: dict[str, list[Entry]] = {}
+    for row in report.get("device_results", []):
+        on_device.setdefault(row["artifact"], []).append(row)
+    out = []
+    for entry in report.get("artifacts", []):
+        budgets, name = entry.get("budgets") or {}, entry["name"]
+        if "max_bytes" in budgets:
+            out.append(_judge("target.max_bytes", name, entry.get("bytes"), budgets["max_bytes"], False))
+        if "max_latency_p50_ms" not in budgets:
+            continue
+        gate, limit = "target.max_latency_p50_ms", budgets["max_latency_p50_ms"]
+        for row in on_device.get(name, []):
+            where = f"on {row.get('board') or row.get('cpu')} ({row.get('machine')})"
+            out.append(_judge(gate, name, (row.get("latency_ms") or {}).get("p50"), limit, False, where))
+        if name not in on_device:
+            where = f"on host {entry.get('measured', {}).get('machine')}; no device results merged"
+            out.append(_judge(gate, name, _p(entry, "p50"), limit, False, where))
+    return out
+
+
 def _latency_verdict(name: str, new: Entry, old: Entry, rules: BaselineGates) -> Verdict:
     gate = "baseline.max_latency_rise"
     machines = (new.get("measured", {}).get("machine"), old.get("measured", {}).get("machine"))
@@ -145,10 +171,10 @@ def baseline_verdicts(
 def check_gates(
     report: dict[str, Any], gates: GatesConfig | dict[str, Any] | None, baseline: dict[str, Any] | None = None
 ) -> list[Verdict]:
-    """Every verdict for ``report``: absolute gates from ``gates``, then regressions against ``baseline``."""
+    """Every verdict for ``report``: target budgets, absolute gates, then regressions against ``baseline``."""
     if isinstance(gates, dict):
         gates = GatesConfig.model_validate(gates)
-    verdicts = absolute_verdicts(report, gates) if gates else []
+    verdicts = budget_verdicts(report) + (absolute_verdicts(report, gates) if gates else [])
     if baseline is not None:
         rules = gates.baseline if gates and gates.baseline else BaselineGates()
         verdicts += baseline_verdicts(report, baseline, rules)
@@ -176,13 +202,13 @@ def check_report_file(report_path: str | Path, baseline_path: str | Path | None 
 
     report = load_report(report_path)
     config = report.get("gates_config")
-    baseline = load_baseline(config, baseline_path)
-    if not config and baseline is None:
+    verdicts = check_gates(report, config, load_baseline(config, baseline_path))
+    if not verdicts:
         raise CompressError(
-            f"{report_path}: no gates to check (the recipe has no gates: and no --baseline was given); "
-            "add gates: to the recipe or pass --baseline OLD_REPORT"
+            f"{report_path}: no gates to check (no gates: in the recipe or none matching apply_to, no target "
+            "budgets, no --baseline); add gates: to the recipe or pass --baseline OLD_REPORT"
         )
-    return check_gates(report, config, baseline)
+    return verdicts
 
 
 def verdicts_of(report: dict[str, Any]) -> list[Verdict]:

@@ -12,7 +12,8 @@ Schema ``compress.report/1`` (top-level keys of report.json):
   threads}, metrics {accuracy, macro_f1, f1 (two labels: positive class = id 1), per_class {label:
   {support, predicted, correct}}, agreement, mean_kl, max_abs_logit_diff (vs the teacher),
   latency_ms {p50, p90, p99, mean, samples, warmup, threads, padded_to}, throughput {batch_size,
-  items_per_s, runtime_batch}, peak_rss_bytes, rss_before_load_bytes}}.
+  items_per_s, runtime_batch}, peak_rss_bytes, rss_before_load_bytes}}; artifacts with a target also carry
+  ``budgets`` (the profile's max_bytes / max_latency_p50_ms), gated as ``target.*``.
 - ``device_results``: rows measured on a board (``compress report --device-results``): {artifact, where
   (device), machine, cpu, board, runtime, threads, latency_ms, input_tokens, padded_to, created,
   source}.

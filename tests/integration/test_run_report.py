@@ -43,7 +43,8 @@ def test_run_writes_the_report_and_fails_on_a_gate(tmp_path: Path, tiny_bert_dir
     assert entry["metrics"]["agreement"] > 0.9  # an fp32 export predicts what its source predicts
     assert entry["measured"]["runtime"].startswith("onnxruntime")
     verdicts = {(g["gate"], g["verdict"]) for g in report["gates"]}
-    assert verdicts == {("max_bytes", "fail"), ("min_agreement", "pass")}
+    budgets = {("target.max_bytes", "pass"), ("target.max_latency_p50_ms", "pass")}  # arm64-onnx profile
+    assert verdicts == {("max_bytes", "fail"), ("min_agreement", "pass"), *budgets}
     assert artifact in (run / "report.md").read_text()
     assert (run / "report.png").read_bytes()[:4] == b"\x89PNG"
 
@@ -63,5 +64,5 @@ def test_run_writes_the_report_and_fails_on_a_gate(tmp_path: Path, tiny_bert_dir
     (run / "report.md").unlink()
     result = cli.invoke(main, ["report", str(run)])
     assert result.exit_code == 0, result.output
-    assert "1 artifacts, 2 gates, 1 failed" in result.output
+    assert "1 artifacts, 4 gates, 1 failed" in result.output
     assert (run / "report.md").is_file()

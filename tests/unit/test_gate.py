@@ -218,3 +218,24 @@ def test_configured_baseline_that_does_not_exist_is_an_input_error(tmp_path: Pat
     )
     with pytest.raises(CompressError, match=r"no\.json not found"):
         check_report_file(report)
+
+
+def test_target_budgets_are_checked_without_recipe_gates_and_prefer_device_latency():
+    report = make_report()
+    report["artifacts"][0]["budgets"] = {"max_bytes": 5_000_000, "max_latency_p50_ms": 10.0}
+    verdicts = by_key(check_gates(report, None))
+    assert verdicts[("target.max_bytes", "03-export/pi4-int8")].failed
+    host = verdicts[("target.max_latency_p50_ms", "03-export/pi4-int8")]
+    assert host.verdict == "pass" and host.value == 8.0 and "host x86_64" in host.detail
+    assert ("target.max_bytes", "03-export/onnx-fp32") not in verdicts  # no target budgets, no verdict
+
+    report["device_results"] = [
+        {
+            "artifact": "03-export/pi4-int8",
+            "board": "Raspberry Pi 4",
+            "machine": "aarch64",
+            "latency_ms": {"p50": 31.0},
+        }
+    ]
+    device = by_key(check_gates(report, None))[("target.max_latency_p50_ms", "03-export/pi4-int8")]
+    assert device.failed and device.value == 31.0 and "Raspberry Pi 4" in device.detail
