@@ -1,0 +1,1 @@
+"""Benchmarks of compress against the tools users would pick instead (see README.md)."""

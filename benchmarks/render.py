@@ -1,0 +1,220 @@
+"""results.json (the record), results.md (the tables), plot.png (accuracy against p50 latency per task)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from compress.io import write_json_atomic, write_text_atomic
+
+FORMATS = {"torch": "pt", "onnx": "onnx", "tflite": "tflite", "pt2": "pt-compile"}
+GROUPS = {
+    "teacher": ("s", "black", "teacher, float"),
+    "peer": ("^", "tab:red", "teacher, int8 one-liners"),
+    "compress": ("o", "tab:blue", "compress"),
+}
+TASK_TITLES = {"sst2": "SST-2 dev", "mrpc": "MRPC dev"}
+
+
+def short_label(row: dict[str, Any]) -> str:
+    """A plot label: the step chain abbreviated, and the runtime."""
+    label = row["label"]
+    for long, short in (
+        ("teacher, ORT dynamic int8", "ORT dyn int8"),
+        ("teacher, ai-edge-quantizer dynamic int8", "AEQ dyn int8"),
+        ("teacher, neural-compressor PT2E static int8", "INC int8"),
+        (" + share", "+sh"),
+        (" + int8", "+i8"),
+        ("distil ", ""),
+    ):
+        label = label.replace(long, short)
+    return f"{label} {FORMATS[row['format']]}"
+
+
+def _num(value: float | None, digits: int = 1) -> str:
+    return "—" if value is None else f"{value:.{digits}f}"
+
+
+def task_table(task_rows: list[dict[str, Any]], with_f1: bool) -> list[str]:
+    head = [
+        "row",
+        "accuracy",
+        *(["F1"] if with_f1 else []),
+        "agreement",
+        "p50 ms",
+        "p90 ms",
+        "items/s @32",
+        "MB",
+        "peak RSS MB",
+        "MMACs",
+        "floor ms",
+        "p50 ÷ floor",
+    ]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in task_rows:
+        floor = _num(r["floor_ms"], 2) + (
+            f" ({_num(r['floor_padded_ms'], 2)} padded)" if r.get("padded_to") else ""
+        )
+        cells = [
+            r["row"],
+            _num(100 * r["accuracy"], 2),
+            *([_num(100 * r["f1"], 2)] if with_f1 else []),
+            "ref" if r["agreement"] is None else _num(100 * r["agreement"], 1),
+            _num(r["p50_ms"], 2),
+            _num(r["p90_ms"], 2),
+            _num(r["throughput_per_s"], 0),
+            _num(r["bytes"] / 1e6, 1),
+            _num(r["peak_rss_bytes"] / 1e6, 0),
+            _num(r["macs"]["total"] / 1e6, 0),
+            floor,
+            _num(r["x_floor"], 1),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def verdict_lines(verdict: dict[str, Any]) -> list[str]:
+    if not verdict.get("headline"):
+        return [f"Headline: {verdict.get('detail', 'not measured')}."]
+    share = f"{100 * verdict['accuracy_share']:.1f}% of the teacher's accuracy"
+    lines = [
+        f"Headline **{verdict['headline']}**: {share} "
+        f"({'keeps' if verdict['keeps_97pct'] else 'misses'} the 97% bar); "
+        f"{'strictly ahead of every peer row' if verdict['ahead_of_all'] else 'not ahead of every peer row'}."
+    ]
+    for a in verdict["against"]:
+        if not (a["faster"] and a["as_accurate"]):
+            why = [
+                w for w, bad in (("slower", not a["faster"]), ("less accurate", not a["as_accurate"])) if bad
+            ]
+            lines.append(
+                f"- vs {a['peer']}: {' and '.join(why)} (p50 ×{a['p50_ratio']:.2f}, "
+                f"accuracy {100 * a['accuracy_delta']:+.2f} points)"
+            )
+    return lines
+
+
+def markdown(results: dict[str, Any]) -> str:
+    gemm = results["gemm"]
+    peaks = gemm["peak_macs_per_s"]
+    versions = ", ".join(f"{k} {v}" for k, v in results["versions"].items())
+    out = [
+        "# compress benchmarks"
+        + (" (quick harness check: small slices, not results)" if results["quick"] else ""),
+        "",
+        f"Measured {results['created']} on {results['host']['cpu']} ({results['host']['machine']}), "
+        f"{results['host']['threads']} threads; suite wall time {results['suite_wall_s'] / 60:.1f} min.",
+        f"Command: `{results['command']}`",
+        "",
+        f"GEMM peak ({gemm['size']}² matrices, {gemm['threads']} threads): "
+        f"fp32 {peaks['fp32'] / 1e9:.0f} GMAC/s, "
+        f"int8 {peaks['int8'] / 1e9:.0f} GMAC/s (best of "
+        + ", ".join(f"{k} {v / 1e9:.0f}" for k, v in gemm["macs_per_s"].items())
+        + ").",
+        "",
+        f"Versions: {versions}.",
+    ]
+    for task in results["tasks"]:
+        task_rows = [r for r in results["rows"] if r["task"] == task]
+        if not task_rows:
+            continue
+        sample = task_rows[0]
+        rows_n = sample["entry"]["metrics"]["latency_ms"]["samples"]
+        out += [
+            "",
+            f"## {TASK_TITLES.get(task, task)} ({rows_n} latency samples, "
+            f"mean {sample['mean_tokens']:.1f} tokens with the teacher's tokenizer)",
+            "",
+        ]
+        out += task_table(task_rows, with_f1=task == "mrpc")
+        if task in results["headline"]:
+            out += ["", *verdict_lines(results["headline"][task])]
+    if results["recipes"]:
+        out += [
+            "",
+            "## Compress recipes: what running them costs",
+            "",
+            "| task | recipe | wall min (incl. report) | stages min | peak RSS MB (pipeline) | "
+            "peak RSS MB (incl. evaluation workers) |",
+            "|---|---|---|---|---|---|",
+        ]
+        for run in results["recipes"]:
+            stages = sum(s["seconds"] for s in run["stages"]) / 60
+            out.append(
+                f"| {run['task']} | {run['recipe']} | {run['wall_s'] / 60:.1f} | {stages:.1f} | "
+                f"{run['pipeline_peak_rss_bytes'] / 1e6:.0f} | {run['peak_rss_bytes'] / 1e6:.0f} |"
+            )
+    return "\n".join(out) + "\n"
+
+
+def plot(results: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = [t for t in results["tasks"] if any(r["task"] == t for r in results["rows"])]
+    fig, axes = plt.subplots(1, len(tasks), figsize=(8 * len(tasks), 6.5), squeeze=False)
+    for ax, task in zip(axes[0], tasks, strict=True):
+        task_rows = [r for r in results["rows"] if r["task"] == task]
+        for group, (marker, colour, legend) in GROUPS.items():
+            chosen = [r for r in task_rows if r["group"] == group]
+            ax.scatter(
+                [r["p50_ms"] for r in chosen],
+                [100 * r["accuracy"] for r in chosen],
+                marker=marker,
+                color=colour,
+                label=legend,
+                s=40,
+                zorder=3,
+            )
+        for r in task_rows:
+            ax.annotate(
+                short_label(r),
+                (r["p50_ms"], 100 * r["accuracy"]),
+                fontsize=7,
+                xytext=(4, 3),
+                textcoords="offset points",
+            )
+        teacher = next((r for r in task_rows if r["group"] == "teacher" and r["format"] == "torch"), None)
+        if teacher:
+            ax.axhline(
+                97 * teacher["accuracy"],
+                color="grey",
+                linestyle="--",
+                linewidth=1,
+                label="97% of the teacher's accuracy",
+            )
+        verdict = results["headline"].get(task) or {}
+        best = next((r for r in task_rows if r["row"] == verdict.get("headline")), None)
+        if best:
+            ax.scatter(
+                [best["p50_ms"]],
+                [100 * best["accuracy"]],
+                marker="*",
+                s=220,
+                color="gold",
+                edgecolor="black",
+                zorder=4,
+                label="headline",
+            )
+        ax.set_xscale("log")
+        ax.set_xlabel("p50 latency, batch 1, ms (log)")
+        ax.set_ylabel("accuracy, %")
+        ax.set_title(
+            f"{TASK_TITLES.get(task, task)}: accuracy vs latency ({results['host']['threads']} threads)"
+        )
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_all(results: dict[str, Any], out: Path) -> None:
+    """plot.png and results.md first, results.json last: a results.json means the set is complete."""
+    out.mkdir(parents=True, exist_ok=True)
+    plot(results, out / "plot.png")
+    write_text_atomic(out / "results.md", markdown(results))
+    write_json_atomic(out / "results.json", json.loads(json.dumps(results, default=str)))

@@ -1,0 +1,117 @@
+"""One benchmark row per measured model: the evaluation entry, flattened, plus its compute-bound floor.
+
+Every row's numbers come from a ``compress.evaluate`` entry (or the torch_int8 worker's entry of
+the same shape); this module only reads them, adds what the floor needs (multiply-adds at the mean
+real length of the dev sentences, the measured GEMM peak for the row's precision) and decides the
+headline comparison. Nothing here measures anything.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from benchmarks.hardware import encoder_macs, encoder_shape, floor_ms, padded_lengths, token_lengths
+from compress.io import read_json
+
+RUNTIMES = {"torch": "PyTorch", "onnx": "ONNX Runtime", "tflite": "TFLite", "pt2": "PyTorch inductor"}
+ACCURACY_SHARE = 0.97
+
+
+def make_row(
+    task: str,
+    group: str,
+    label: str,
+    entry: dict[str, Any],
+    checkpoint: Path,
+    split: Any,
+    peaks: dict[str, float],
+    recipe: str | None = None,
+    build: dict[str, Any] | None = None,
+) -> dict:
+    """Flatten an evaluation entry and add its floor.
+
+    ``checkpoint`` is the Hugging Face folder the model was made from (its config.json gives the
+    shape); the tokenizer is the row's own, so a pruned vocabulary is counted as it splits words.
+    """
+    metrics = entry["metrics"]
+    folder = Path(entry["path"])
+    tokenizer = folder / "tokenizer.json"
+    lengths = token_lengths(tokenizer, split.texts, split.pairs, entry.get("max_length") or 128)
+    shape = encoder_shape(read_json(checkpoint / "config.json"))
+    macs = encoder_macs(shape, float(lengths.mean()))
+    peak = peaks[entry["precision"]]
+    padded_to = (metrics.get("latency_ms") or {}).get("padded_to")
+    row = {
+        "task": task,
+        "group": group,
+        "row": f"{label} · {RUNTIMES[entry['format']]} {entry['precision']}",
+        "label": label,
+        "recipe": recipe,
+        "name": entry["name"],
+        "format": entry["format"],
+        "precision": entry["precision"],
+        "runtime": entry["measured"]["runtime"],
+        "accuracy": metrics.get("accuracy"),
+        "f1": metrics.get("f1"),
+        "agreement": metrics.get("agreement"),
+        "p50_ms": metrics["latency_ms"]["p50"],
+        "p90_ms": metrics["latency_ms"]["p90"],
+        "throughput_per_s": metrics["throughput"]["items_per_s"],
+        "bytes": entry["bytes"],
+        "peak_rss_bytes": metrics["peak_rss_bytes"],
+        "mean_tokens": float(lengths.mean()),
+        "macs": macs,
+        "floor_ms": floor_ms(macs["total"], peak),
+        "padded_to": padded_to,
+        "build": build,
+        "entry": entry,
+    }
+    if padded_to:
+        padded = float(padded_lengths(lengths, padded_to).mean())
+        row["mean_padded_tokens"] = padded
+        row["floor_padded_ms"] = floor_ms(encoder_macs(shape, padded)["total"], peak)
+    row["x_floor"] = row["p50_ms"] / row["floor_ms"]
+    return row
+
+
+def is_headline(row: dict[str, Any], recipe: str, fmt: str) -> bool:
+    """The headline is the last (most compressed) artifact of ``recipe`` in ``fmt``: its int8 row."""
+    return (
+        row["group"] == "compress"
+        and row["recipe"] == recipe
+        and row["format"] == fmt
+        and (row["precision"] == "int8")
+    )
+
+
+def headline_verdict(rows: list[dict[str, Any]], recipe: str, fmt: str) -> dict[str, Any]:
+    """Is the headline artifact strictly ahead of every peer row (faster at equal-or-better accuracy)
+    while keeping >= 97% of the teacher's accuracy? Says which peers it does not beat, and why."""
+    headline = next((r for r in rows if is_headline(r, recipe, fmt)), None)
+    teacher = next(r for r in rows if r["group"] == "teacher" and r["format"] == "torch")
+    if headline is None:
+        return {"headline": None, "ahead_of_all": False, "detail": f"no int8 {fmt} row from recipe {recipe}"}
+    keeps = headline["accuracy"] >= ACCURACY_SHARE * teacher["accuracy"]
+    against = []
+    for peer in (r for r in rows if r["group"] in ("teacher", "peer")):
+        faster = headline["p50_ms"] < peer["p50_ms"]
+        as_accurate = headline["accuracy"] >= peer["accuracy"]
+        against.append(
+            {
+                "peer": peer["row"],
+                "faster": faster,
+                "as_accurate": as_accurate,
+                "p50_ratio": headline["p50_ms"] / peer["p50_ms"],
+                "accuracy_delta": headline["accuracy"] - peer["accuracy"],
+            }
+        )
+    return {
+        "headline": headline["row"],
+        "accuracy": headline["accuracy"],
+        "teacher_accuracy": teacher["accuracy"],
+        "accuracy_share": headline["accuracy"] / teacher["accuracy"],
+        "keeps_97pct": keeps,
+        "against": against,
+        "ahead_of_all": keeps and all(a["faster"] and a["as_accurate"] for a in against),
+    }

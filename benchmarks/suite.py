@@ -1,0 +1,349 @@
+"""compress against what users would pick instead, on SST-2 and MRPC dev, measured in one run.
+
+    python -m benchmarks.suite --shared ../shared                  # full suite -> benchmarks/results/
+    python -m benchmarks.suite --shared ../shared --quick          # small slices: checks the harness only
+
+Rows per task: the teacher in float (PyTorch, ONNX Runtime, TFLite); the teacher through the int8
+one-liners (onnxruntime dynamic per-channel, ai-edge-quantizer dynamic, neural-compressor PT2E
+static + torch.compile); and every checkpoint and artifact of the compress recipes in
+benchmarks/recipes/. Every row is measured by compress.evaluate (the torch.compile row by a worker
+that reuses its measurement loop) with the same settings. See benchmarks/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import platform
+import random
+import resource
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from benchmarks import compress_rows, hardware, peers, render, rows, torch_int8
+
+log = logging.getLogger("benchmarks")
+HERE = Path(__file__).resolve().parent
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    data: Path
+    teacher: Path
+    text: str
+    text_pair: str | None
+    label: str
+
+
+COLUMNS = {"sst2": ("sentence", None, "label"), "mrpc": ("#1 String", "#2 String", "Quality")}
+"""Column names of the GLUE TSV files (``shared/README.md``)."""
+TARGETS = {"onnx": "arm64-onnx", "tflite": "raspberry-pi-4"}
+"""Peers use the same target profiles as the benchmark recipes, so fixed lengths and dtypes match."""
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "--shared", type=Path, help="folder with data/{sst2,mrpc} and models/minilm-l6-{sst2,mrpc}"
+    )
+    for task in COLUMNS:
+        p.add_argument(f"--{task}-dir", type=Path, help=f"{task} folder with train.tsv and dev.tsv")
+        p.add_argument(f"--{task}-teacher", type=Path, help=f"fine-tuned {task} teacher (HF folder)")
+    p.add_argument("--tasks", nargs="+", default=list(COLUMNS), choices=list(COLUMNS))
+    p.add_argument(
+        "--out", type=Path, help="results folder (default benchmarks/results; --quick: WORK/quick)"
+    )
+    p.add_argument("--work", type=Path, default=Path("runs/benchmarks"), help="run folders and peer models")
+    p.add_argument(
+        "--recipes",
+        nargs="+",
+        type=Path,
+        default=[HERE / "recipes/distil3.yaml", HERE / "recipes/distil2.yaml"],
+    )
+    p.add_argument("--headline", default="distil3:onnx", help="RECIPE:FORMAT of the headline int8 artifact")
+    p.add_argument("--epochs", type=int, help="epochs of every distill stage and share recovery")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra override for every recipe (repeatable)",
+    )
+    p.add_argument("--latency-samples", type=int, help="batch-1 requests timed (default: every dev row once)")
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--batch-size", type=int, default=32, help="batch of the throughput pass")
+    p.add_argument("--calibration-rows", type=int, default=128, help="training rows for static int8 (NC)")
+    p.add_argument(
+        "--holdout", type=int, default=500, help="training rows held out as the recipes' eval split"
+    )
+    p.add_argument("--limit", type=int, help="use only the first N dev rows")
+    p.add_argument("--train-limit", type=int, help="use only the first N training rows in the recipes")
+    p.add_argument("--quick", action="store_true", help="small slices and 1 epoch: checks the harness")
+    p.add_argument("--reuse", action="store_true", help="keep finished recipe stages and peer models")
+    p.add_argument("--only", choices=["peers", "compress"], help="measure only these rows")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.limit, args.train_limit = args.limit or 48, args.train_limit or 256
+        args.epochs, args.holdout = args.epochs or 1, min(args.holdout, 32)
+        args.latency_samples, args.calibration_rows = (
+            args.latency_samples or 24,
+            min(args.calibration_rows, 16),
+        )
+    args.out = args.out or (args.work / "quick" if args.quick else HERE / "results")
+    return args
+
+
+def tasks_from(args: argparse.Namespace) -> list[Task]:
+    out = []
+    for name in args.tasks:
+        data = getattr(args, f"{name}_dir") or (args.shared / "data" / name if args.shared else None)
+        teacher = getattr(args, f"{name}_teacher") or (
+            args.shared / "models" / f"minilm-l6-{name}" if args.shared else None
+        )
+        if data is None or teacher is None:
+            raise SystemExit(f"error: give --shared or both --{name}-dir and --{name}-teacher")
+        for path in (data / "train.tsv", data / "dev.tsv", teacher / "config.json"):
+            if not path.is_file():
+                raise SystemExit(f"error: {path} not found; check --shared / --{name}-dir / --{name}-teacher")
+        out.append(Task(name, data.resolve(), teacher.resolve(), *COLUMNS[name]))
+    return out
+
+
+def recipe_overrides(
+    task: Task, recipe: Path, fit: Path, held: Path, labels: list[str], args: argparse.Namespace
+) -> list[str]:
+    """``--set`` overrides pointing a task-agnostic recipe at one task, its data and the suite's settings."""
+    sets = [
+        f"name={task.name}-{recipe.stem}",
+        f"teacher.path={task.teacher}",
+        f"data.train.path={fit}",
+        f"data.eval.path={held}",
+        f"data.test.path={task.data / 'dev.tsv'}",
+        f"task.text={task.text}",
+        f"task.label={task.label}",
+        f"task.labels={json.dumps(labels)}",
+        f"evaluate.warmup={args.warmup}",
+        f"evaluate.threads={args.threads}",
+        f"evaluate.throughput_batch={args.batch_size}",
+    ]
+    if task.text_pair:
+        sets.append(f"task.text_pair={task.text_pair}")
+    if args.latency_samples:
+        sets.append(f"evaluate.latency_samples={args.latency_samples}")
+    for split, limit in (("test", args.limit), ("train", args.train_limit)):
+        if limit:
+            sets.append(f"data.{split}.limit={limit}")
+    if args.epochs:
+        for i, stage in enumerate(yaml.safe_load(recipe.read_text())["stages"]):
+            if stage["type"] == "distill":
+                sets.append(f"stages.{i}.epochs={args.epochs}")
+            elif stage["type"] == "share" and stage.get("recovery") is not None:
+                sets.append(f"stages.{i}.recovery.epochs={args.epochs}")
+    return sets + args.overrides
+
+
+def peer_rows(
+    task: Task, dev: Any, fit: Any, settings: Any, peaks: dict[str, float], work: Path, calibration_rows: int
+) -> list[dict[str, Any]]:
+    """Build the teacher's float exports and the three int8 one-liners, then measure them all."""
+    from compress.evaluate import evaluate_subject
+    from compress.subjects import subject_at
+
+    pairs = fit.pairs[:32] if fit.pairs else None
+    models = peers.export_teacher(task.teacher, work, TARGETS, fit.texts[:32], pairs)
+    models["onnx-int8"] = peers.ort_dynamic_int8(models["onnx"].path, work / "teacher-onnx-int8-ort")
+    models["tflite-int8"] = peers.aeq_dynamic_int8(models["tflite"].path, work / "teacher-tflite-int8-aeq")
+    calib = sorted(random.Random(0).sample(range(len(fit)), min(calibration_rows, len(fit))))
+    nc = torch_int8.nc_static_int8(
+        task.teacher,
+        work / "teacher-pt2e-int8-nc",
+        [fit.texts[i] for i in calib],
+        [fit.pairs[i] for i in calib] if fit.pairs else None,
+        settings.max_length,
+    )
+    teacher = subject_at(task.teacher, teacher=True, name="teacher")
+    teacher_entry, teacher_logits = evaluate_subject(teacher, dev, settings)
+    out = [rows.make_row(task.name, "teacher", "teacher", teacher_entry, task.teacher, dev, peaks)]
+    labels = {
+        "onnx": "teacher",
+        "tflite": "teacher",
+        "onnx-int8": "teacher, ORT dynamic int8",
+        "tflite-int8": "teacher, ai-edge-quantizer dynamic int8",
+    }
+    for key, built in models.items():
+        entry, _ = evaluate_subject(subject_at(built.path), dev, settings, teacher_logits)
+        group = "teacher" if key in ("onnx", "tflite") else "peer"
+        build = {"seconds": round(built.seconds, 1), "tool": built.tool}
+        out.append(rows.make_row(task.name, group, labels[key], entry, task.teacher, dev, peaks, build=build))
+    entry = torch_int8.evaluate_program(nc.path, dev, settings, teacher_logits)
+    build = {"seconds": round(nc.seconds, 1), "tool": nc.tool, "compile_s": entry["compile_s"]}
+    out.append(
+        rows.make_row(
+            task.name,
+            "peer",
+            "teacher, neural-compressor PT2E static int8",
+            entry,
+            task.teacher,
+            dev,
+            peaks,
+            build=build,
+        )
+    )
+    return out
+
+
+def recipe_rows(
+    task: Task, fit: Path, held: Path, dev: Any, peaks: dict[str, float], work: Path, args: argparse.Namespace
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Run each recipe as a user would (its own process), then read its rows from its report."""
+    teacher_config = json.loads((task.teacher / "config.json").read_text())
+    labels = [teacher_config["id2label"][k] for k in sorted(teacher_config["id2label"], key=int)]
+    out, runs = [], []
+    for recipe in args.recipes:
+        sets = recipe_overrides(task, recipe, fit, held, labels, args)
+        if not args.latency_samples:
+            sets.append(f"evaluate.latency_samples={len(dev)}")
+        log.info("%s: running recipe %s", task.name, recipe.name)
+        run = compress_rows.run_recipe_process(
+            recipe, work / "runs", sets, work / f"{recipe.stem}.log", fresh=not args.reuse
+        )
+        runs.append(
+            {
+                "task": task.name,
+                "recipe": recipe.stem,
+                "run_dir": str(run.run_dir),
+                "wall_s": run.wall_s,
+                "cpu_s": run.cpu_s,
+                "peak_rss_bytes": run.peak_rss_bytes,
+                "pipeline_peak_rss_bytes": run.pipeline_peak_rss_bytes,
+                "stages": run.stages,
+                "overrides": sets,
+            }
+        )
+        for found in compress_rows.report_rows(run, teacher_config["num_hidden_layers"]):
+            out.append(
+                rows.make_row(
+                    task.name,
+                    "compress",
+                    found["label"],
+                    found["entry"],
+                    found["checkpoint"],
+                    dev,
+                    peaks,
+                    recipe=recipe.stem,
+                )
+            )
+    return out, runs
+
+
+def measure_task(
+    task: Task, args: argparse.Namespace, peaks: dict[str, float]
+) -> tuple[list[dict], list[dict]]:
+    from compress.data import load_file
+    from compress.evaluate import Settings
+    from compress.subjects import subject_at
+
+    work = (args.work / task.name).resolve()
+    if work.exists() and not args.reuse:
+        shutil.rmtree(work)
+    fit_path, held_path = compress_rows.holdout_split(
+        task.data / "train.tsv", work / "data", 0.1, args.holdout, 0
+    )
+    labels = subject_at(task.teacher, teacher=True).label_names
+    columns = {"text": task.text, "text_pair": task.text_pair, "label": task.label, "label_names": labels}
+    dev, fit = load_file(task.data / "dev.tsv", **columns), load_file(fit_path, **columns)
+    if args.limit:
+        dev = dev.subset(list(range(min(args.limit, len(dev)))))
+    if args.train_limit:
+        fit = fit.subset(list(range(min(args.train_limit, len(fit)))))
+    settings = Settings(
+        latency_samples=args.latency_samples or len(dev),
+        warmup=args.warmup,
+        batch_size=args.batch_size,
+        threads=args.threads,
+        max_length=128,
+    )
+    found, runs = [], []
+    if args.only != "compress":
+        found += peer_rows(task, dev, fit, settings, peaks, work / "peers", args.calibration_rows)
+    if args.only != "peers":
+        compress_found, runs = recipe_rows(task, fit_path, held_path, dev, peaks, work, args)
+        found += compress_found
+    return found, runs
+
+
+def cpu_seconds() -> float:
+    """CPU time of the suite and every process it waited for: on a busy machine, a check on the wall time."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    for ours in ("benchmarks", "compress"):
+        logging.getLogger(ours).setLevel(logging.INFO)
+    from compress.pipeline import library_versions
+    from compress.runtime.runner import cpu_model
+
+    start = time.time()
+    tasks = tasks_from(args)
+    log.info("measuring the GEMM peaks at %d threads", args.threads)
+    gemm = hardware.gemm_peaks(args.threads)
+    all_rows, all_runs = [], []
+    for task in tasks:
+        found, runs = measure_task(task, args, gemm["peak_macs_per_s"])
+        all_rows += found
+        all_runs += runs
+    recipe, fmt = args.headline.split(":")
+    verdicts = (
+        {
+            t.name: rows.headline_verdict([r for r in all_rows if r["task"] == t.name], recipe, fmt)
+            for t in tasks
+        }
+        if args.only is None
+        else {}
+    )
+    results = {
+        "schema": "compress.benchmarks/1",
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": "python -m benchmarks.suite " + " ".join(sys.argv[1:] if argv is None else argv),
+        "quick": args.quick,
+        "host": {"cpu": cpu_model(), "machine": platform.machine(), "threads": args.threads},
+        "versions": library_versions(),
+        "gemm": gemm,
+        "settings": {
+            "latency_samples": args.latency_samples or "every dev row",
+            "warmup": args.warmup,
+            "threads": args.threads,
+            "throughput_batch": args.batch_size,
+            "limit": args.limit,
+            "train_limit": args.train_limit,
+            "epochs": args.epochs,
+            "headline": args.headline,
+        },
+        "tasks": {t.name: {"data": str(t.data), "teacher": str(t.teacher)} for t in tasks},
+        "rows": all_rows,
+        "recipes": all_runs,
+        "headline": verdicts,
+        "suite_wall_s": round(time.time() - start, 1),
+        "suite_cpu_s": round(cpu_seconds(), 1),
+    }
+    render.write_all(results, args.out)
+    log.info("done in %.1f min: %s", results["suite_wall_s"] / 60, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
