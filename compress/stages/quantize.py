@@ -42,6 +42,8 @@ class QuantizeConfig(StageConfig):
     """ONNX op types to quantize (default: all for dynamic, MatMul/Gemm for static)."""
     exclude_nodes: list[str] = Field(default_factory=list)
     """ONNX node names kept float."""
+    full_integer: bool = False
+    """TFLite static: quantize every op, not just the matmuls (forced for targets without float_fallback)."""
     float_layers: list[str] = Field(default_factory=list)
     """PyTorch module names (e.g. bert.encoder.layer.5.output.dense) kept float in every format."""
     tolerable_loss: float = Field(0.01, ge=0, lt=1)
@@ -181,6 +183,7 @@ def quantize_target(
         calibration=calibration,
         float_layers=float_layers,
         per_channel=per_channel,
+        full_integer=config.full_integer or not profile.quantization.float_fallback,
         name=name,
     )
 

@@ -90,3 +90,16 @@ def test_static_needs_calibration(tmp_path, tiny_tflite):
     float_dir, _ = tiny_tflite
     with pytest.raises(ExportError, match="calibration samples"):
         quantize_tflite(float_dir, tmp_path / "x", scheme="static")
+
+
+def test_static_quantizes_matmuls_unless_full_integer_is_asked(tmp_path, tiny_tflite):
+    float_dir, calibration = tiny_tflite
+    default = quantize_tflite(float_dir, tmp_path / "mm", scheme="static", calibration=calibration)
+    full = quantize_tflite(
+        float_dir, tmp_path / "full", scheme="static", calibration=calibration, full_integer=True
+    )
+    assert default["quantization"]["op_types"] == ["FULLY_CONNECTED", "BATCH_MATMUL"]
+    assert full["quantization"]["op_types"] == "all"
+    assert int8_tensor_count(tmp_path / "full" / "model.tflite") > int8_tensor_count(
+        tmp_path / "mm" / "model.tflite"
+    )
