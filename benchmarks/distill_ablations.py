@@ -1,8 +1,9 @@
 """Distillation ablations on SST-2 and MRPC: which loss terms and how many layers keep the teacher's accuracy.
 
-Each ablation is a one-stage recipe (``type: distill``) run through the real pipeline, so the numbers
-are the ones a user gets. Runs of one task share a run folder, so the teacher's outputs are
-computed once and reused from the cache. Writes ``<results>/distill_ablations.json`` and ``.md``.
+Each ablation is a one-stage recipe (``type: distill``), validated like a user's, whose stage handler
+runs alone (without the pipeline's final evaluation/report, which measures latency and is not what
+is compared here). Runs of one task share a cache folder, so the teacher's outputs are computed
+once per layer set and reused. Writes ``<results>/distill_ablations.json`` and ``.md``.
 
     python benchmarks/distill_ablations.py --shared ../shared --epochs 3
     python benchmarks/distill_ablations.py --shared ../shared --limit 200 --epochs 1   # smoke test
@@ -51,8 +52,12 @@ def recipe_for(task: str, data: Path, teacher: Path, stage: dict[str, Any], args
 def run_ablation(
     task: str, data: Path, teacher: Path, name: str, spec: dict[str, Any], args
 ) -> dict[str, Any]:
-    from compress.pipeline import run_recipe
+    """Run the distill stage handler alone (no report/evaluation stages) with a per-task cache."""
+    import shutil
+
     from compress.recipe import load_recipe
+    from compress.stages import get_stage
+    from compress.stages.base import StageContext
 
     stage = {
         "epochs": args.epochs,
@@ -63,13 +68,29 @@ def run_ablation(
     }
     if "augment" in stage:
         stage["augment"] = {"multiplier": args.augment_multiplier, "method": "embedding"}
-    recipe_path = args.work / f"{task}-{name.replace(' ', '_').replace(',', '')}.yaml"
+    slug = name.replace(" ", "_").replace(",", "").replace("(", "-").replace(")", "")
+    run_dir = args.work / task
+    recipe_path = run_dir / f"{slug}.yaml"
     recipe_path.parent.mkdir(parents=True, exist_ok=True)
     recipe_path.write_text(yaml.safe_dump(recipe_for(task, data, teacher, stage, args), sort_keys=False))
+    recipe = load_recipe(recipe_path)
+    out = run_dir / slug
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir()
+    ctx = StageContext(
+        recipe=recipe,
+        config=recipe.stages[0],
+        index=1,
+        out_dir=out,
+        run_dir=run_dir,
+        teacher_dir=teacher.resolve(),
+        input_dir=teacher.resolve(),
+        previous=[],
+        cache_dir=run_dir / ".cache",
+        seed=recipe.seed,
+    )
     start = time.time()
-    result = run_recipe(load_recipe(recipe_path), args.work / "runs", fresh=True)
-    manifest = json.loads((result.stages[-1].dir / "manifest.json").read_text())
-    m = manifest["metrics"]
+    m = get_stage("distill").run(ctx).metrics
     return {
         "task": task,
         "ablation": name,

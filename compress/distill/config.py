@@ -95,6 +95,8 @@ class DistillOptions(Strict):
     epochs: int = Field(3, gt=0)
     batch_size: int = Field(32, gt=0)
     eval_batch_size: int = Field(64, gt=0)
+    group_by_length: bool = True
+    """Batch rows of similar length together (less padding, faster); false = plain shuffling."""
     lr: float = Field(1e-4, gt=0)
     weight_decay: float = Field(0.01, ge=0)
     warmup_ratio: float = Field(0.1, ge=0, lt=1)

@@ -45,6 +45,21 @@ def evaluate(student: Any, data: TransferData, batch_size: int) -> dict[str, flo
     return classification_metrics(logits, data.eval_labels, reference=data.eval_teacher_logits)
 
 
+def train_loader(data: TransferData, options: DistillOptions, seed: int) -> torch.utils.data.DataLoader:
+    """Shuffled batches; with ``group_by_length`` rows of similar length share a batch (transformers'
+    ``LengthGroupedSampler``), which cuts the padding a batch computes on, often by half."""
+    generator = torch.Generator().manual_seed(seed)
+    if not options.group_by_length:
+        return torch.utils.data.DataLoader(
+            data.train_enc, batch_size=options.batch_size, shuffle=True, generator=generator
+        )
+    from transformers.trainer_pt_utils import LengthGroupedSampler
+
+    lengths = data.train_enc.attention_mask.sum(dim=1).tolist()
+    sampler = LengthGroupedSampler(options.batch_size, lengths=lengths, generator=generator)
+    return torch.utils.data.DataLoader(data.train_enc, batch_size=options.batch_size, sampler=sampler)
+
+
 def _mlm_batch(masker: Masker | None, data: TransferData, static: Any, batch: dict[str, torch.Tensor]) -> Any:
     if masker is None:
         return None
@@ -88,13 +103,7 @@ def distill_model(
         if (masker is not None and not options.mlm.dynamic)
         else None
     )
-    loader = torch.utils.data.DataLoader(
-        data.train_enc,
-        batch_size=options.batch_size,
-        shuffle=True,
-        generator=torch.Generator().manual_seed(ctx.seed),
-    )
-    loader = accelerator.prepare(loader)
+    loader = accelerator.prepare(train_loader(data, options, ctx.seed))
     optimizer, schedule = optimizer_and_schedule(
         module,
         lr=options.lr,

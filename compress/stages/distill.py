@@ -18,6 +18,7 @@ from compress.errors import ModelError, RecipeError
 from compress.models import count_parameters, load_classifier, save_checkpoint
 from compress.stages import register_stage
 from compress.stages.base import StageConfig, StageContext, StageResult
+from compress.training import set_seed
 
 
 class DistillConfig(StageConfig, DistillOptions):
@@ -42,6 +43,7 @@ def run(ctx: StageContext) -> StageResult:
     source, tokenizer = load_classifier(
         ctx.input_dir, trust_remote_code=teacher_cfg.trust_remote_code, allow_pickle=teacher_cfg.allow_pickle
     )
+    set_seed(ctx.seed)
     try:
         student, built = build_student(
             source, cfg.layers, cfg.init, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size
