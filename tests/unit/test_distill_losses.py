@@ -130,3 +130,23 @@ def test_config_is_validated_at_the_door():
     with pytest.raises(ValidationError, match="mlm_model"):
         DistillOptions.model_validate({"augment": {"method": "mlm"}})
     assert MlmOptions(whole_word=True).rule() == (1.0, 0.0, 0.0)
+
+
+def test_stage_config_reads_yaml_and_round_trips_through_json():
+    import json
+
+    import yaml
+
+    from compress.stages.distill import DistillConfig
+
+    text = (
+        "type: distill\nlayers: 3\ninit: [0, 2, 5]\n"
+        "hidden: {layer_map: [[1, 2], [3, 6]]}\nweights: {soft: 1, hidden: 2}\n"
+    )
+    cfg = DistillConfig.model_validate(yaml.safe_load(text))
+    assert cfg.init == [0, 2, 5] and cfg.hidden.layer_map == [(1, 2), (3, 6)]
+    assert DistillConfig.model_validate(json.loads(cfg.model_dump_json())) == cfg
+    with pytest.raises(ValidationError):
+        DistillConfig(layers=0)
+    with pytest.raises(ValidationError, match="extra"):
+        DistillConfig.model_validate({"layers": 2, "temprature": 2})
