@@ -145,7 +145,7 @@ def quantize_target(
     scheme = "static" if config.scheme == "auto" else config.scheme
     if profile.format == "onnx":
         if search is not None:
-            from compress.quantize.search import export_search_winner
+            from compress.quantize.pt2e_onnx import export_search_winner
 
             return export_search_winner(search, float_dir, out, name=name, profile=profile)
         from compress.quantize.onnx import quantize_onnx

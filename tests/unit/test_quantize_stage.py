@@ -105,3 +105,22 @@ def test_an_int8_artifact_over_tolerable_loss_fails_the_stage(tmp_path, tiny_ber
     result = run_tiny(tmp_path, tiny_bert_dir, reviews, "  - type: quantize\n    allow_loss_miss: true\n")
     stage = next(s for s in result.stages if s.type == "quantize")
     assert read_json(stage.dir / "manifest.json")["info"]["loss_missed"] == ["arm64-onnx-int8"]
+
+
+@pytest.mark.slow
+def test_auto_searches_float_layers_and_ships_an_int8_onnx(tmp_path, tiny_bert_dir, reviews):
+    import onnx
+
+    stage_yaml = "  - type: quantize\n    scheme: auto\n    max_trials: 2\n    float_layers: [classifier]\n"
+    result = run_tiny(tmp_path, tiny_bert_dir, reviews, stage_yaml)
+    stage = next(s for s in result.stages if s.type == "quantize")
+    info = read_json(stage.dir / "manifest.json")["info"]["search"]
+    assert info["baseline"] == 1.0 and info["met"] and 1 <= len(info["trials"]) <= 2
+    assert set(info["sensitivity"]) == {"bert.encoder.layer.0", "bert.encoder.layer.1", "bert.pooler.dense"}
+    folder = stage.dir / "arm64-onnx-int8"
+    quantization = read_json(folder / "manifest.json")["quantization"]
+    assert quantization["float_layers"][0] == "classifier" and quantization["search"]["met"]
+    graph = onnx.load(str(folder / "model.onnx")).graph
+    assert any(i.data_type == onnx.TensorProto.INT8 for i in graph.initializer)
+    metrics = read_json(stage.dir / "manifest.json")["metrics"]["artifacts"]["arm64-onnx-int8"]
+    assert metrics["agreement"] >= 0.99 and metrics["bytes"] < metrics["float_bytes"]

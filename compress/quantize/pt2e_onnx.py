@@ -1,0 +1,91 @@
+"""The searched PT2E int8 model as an ONNX artifact: ``torch.onnx.export(dynamo=True)``, int8 weights on disk.
+
+neural-compressor's PT2E ``convert`` keeps float weights and quantizes them at run time; exporting
+that graph as is would ship a float-sized file. onnxruntime's basic (hardware-independent) constant
+folding turns each constant QuantizeLinear into an int8 initializer before the file is written.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from compress.quantize.search import SearchResult, logits_of
+
+
+def fold_weights(raw: Path, target: Path) -> None:
+    """Write ``raw`` to ``target`` with constant QuantizeLinear nodes folded into int8 initializers."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    options.optimized_model_filepath = str(target)
+    options.log_severity_level = 3
+    ort.InferenceSession(str(raw), options, providers=["CPUExecutionProvider"])
+
+
+def export_search_winner(
+    search: SearchResult, float_dir: Any, out_dir: Any, *, name: str, profile: Any
+) -> dict[str, Any]:
+    """Export the searched PT2E int8 model as an int8 ONNX artifact derived from ``float_dir``."""
+    import torch
+
+    from compress.export import conversion_error
+    from compress.export.check import compare_outputs
+    from compress.export.onnx import onnx_runner, tidy_onnx
+    from compress.io import atomic_dir
+    from compress.quantize import derive_artifact
+
+    names = [
+        n for n, _ in zip(("input_ids", "attention_mask", "token_type_ids"), search.example, strict=False)
+    ]
+    batch = torch.export.Dim("batch", min=1, max=4096)
+    sequence = torch.export.Dim("sequence", min=1, max=search.max_positions)
+    with atomic_dir(Path(out_dir)) as folder:
+        raw, path = folder / "traced.onnx", folder / "model.onnx"
+        try:
+            program = torch.onnx.export(
+                search.model,
+                tuple(t.to(getattr(torch, profile.input_dtype)) for t in search.example),
+                input_names=names,
+                output_names=["logits"],
+                dynamo=True,
+                opset_version=profile.opset,
+                dynamic_shapes=tuple({0: batch, 1: sequence} for _ in names),
+                verbose=False,
+            )
+        except Exception as exc:
+            raise conversion_error("onnx", exc) from None
+        program.save(str(raw), external_data=False)
+        fold_weights(raw, path)
+        raw.unlink()
+        merged = tidy_onnx(path)
+        cases = [
+            dict(zip(names, (t.numpy() for t in batch_), strict=True)) for batch_ in search.check_batches
+        ]
+        check = compare_outputs(
+            lambda f: logits_of(search.model, [tuple(torch.from_numpy(f[n]) for n in names)]).numpy(),
+            onnx_runner(path),
+            cases,
+            what=f"{path.name} (int8) export check",
+            atol=0.05,
+            rtol=0.05,
+        )
+        quantization = {
+            "tool": "neural_compressor.torch (PT2E static int8) -> torch.onnx.export(dynamo=True)",
+            "scheme": "static",
+            "granularity": "per-channel",
+            "weights": "int8",
+            "activations": "uint8",
+            "calibration": {"samples": search.calibration_samples, "method": "minmax"},
+            "float_layers": search.float_layers,
+            "search": {k: v for k, v in search.summary().items() if k != "sensitivity"},
+        }
+        manifest = derive_artifact(
+            Path(float_dir),
+            folder,
+            name=name,
+            quantization=quantization,
+            check={**check, "merged_initializers": merged},
+        )
+    return manifest
