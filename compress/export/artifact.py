@@ -11,6 +11,7 @@ from typing import Any
 
 from compress.errors import ExportError
 from compress.io import file_entries, write_json_atomic
+from compress.models import label_names_of
 
 MODEL_FILES = {"onnx": "model.onnx", "tflite": "model.tflite"}
 
@@ -24,11 +25,6 @@ def write_tokenizer(tokenizer: Any, folder: Path) -> None:
             "(load the checkpoint with a tokenizer that has a fast version)"
         )
     backend.save(str(folder / "tokenizer.json"))
-
-
-def label_names(model: Any) -> list[str]:
-    id2label = getattr(model.config, "id2label", None) or {}
-    return [str(id2label[i]) for i in sorted(id2label)] or [str(i) for i in range(model.config.num_labels)]
 
 
 def source_info(checkpoint: Path | None) -> dict[str, Any] | None:
@@ -63,7 +59,7 @@ def finish_artifact(
     if not (folder / MODEL_FILES[fmt]).is_file():
         raise ExportError(f"{folder}: {MODEL_FILES[fmt]} was not written")
     write_tokenizer(tokenizer, folder)
-    write_json_atomic(folder / "labels.json", label_names(model))
+    write_json_atomic(folder / "labels.json", label_names_of(model))
     manifest = {
         "kind": "artifact",
         "name": name,
