@@ -201,6 +201,14 @@ def measure(
     return measured
 
 
+def record_agreement(folder: Path, manifest: dict[str, Any], measured: dict[str, Any]) -> None:
+    """Keep the eval-split agreement with the float source in the artifact's own manifest."""
+    from compress.io import write_json_atomic
+
+    manifest["check"] = {**manifest.get("check", {}), "eval": measured}
+    write_json_atomic(folder / "manifest.json", manifest)
+
+
 def model_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.glob("model.*"))
 
@@ -237,6 +245,7 @@ def run(ctx: StageContext) -> StageResult:
         out = ctx.out_dir / f"{profile.name}-int8"
         manifest = quantize_target(ctx, config, profile, float_dir, out, tokenizer, names, search)
         measured = measure(float_dir, out, rows, config.metric)
+        record_agreement(out, manifest, measured)
         metrics[out.name] = {
             **measured,
             "bytes": model_bytes(out),

@@ -87,6 +87,7 @@ def test_dynamic_stage_writes_an_agreeing_int8_artifact(tmp_path, tiny_bert_dir,
     manifest = read_json(stage.dir / "arm64-onnx-int8" / "manifest.json")
     assert manifest["name"] == f"{stage.dir.name}/arm64-onnx-int8"
     assert manifest["precision"] == "int8" and manifest["target"] == "arm64-onnx"
+    assert manifest["check"]["eval"]["agreement"] == metrics["agreement"]
 
 
 @pytest.mark.slow
