@@ -78,20 +78,17 @@ def verdict_lines(verdict: dict[str, Any]) -> list[str]:
     if not verdict.get("headline"):
         return [f"Headline: {verdict.get('detail', 'not measured')}."]
     share = f"{100 * verdict['accuracy_share']:.1f}% of the teacher's accuracy"
+    ahead = "strictly ahead of" if verdict["ahead_of_all"] else "not strictly ahead of"
     lines = [
         f"Headline **{verdict['headline']}**: {share} "
-        f"({'keeps' if verdict['keeps_97pct'] else 'misses'} the 97% bar); "
-        f"{'strictly ahead of every peer row' if verdict['ahead_of_all'] else 'not ahead of every peer row'}."
+        f"({'keeps' if verdict['keeps_97pct'] else 'misses'} the 97% bar); {ahead} every peer row "
+        "(faster at equal or better accuracy).",
+        "",
     ]
     for a in verdict["against"]:
-        if not (a["faster"] and a["as_accurate"]):
-            why = [
-                w for w, bad in (("slower", not a["faster"]), ("less accurate", not a["as_accurate"])) if bad
-            ]
-            lines.append(
-                f"- vs {a['peer']}: {' and '.join(why)} (p50 ×{a['p50_ratio']:.2f}, "
-                f"accuracy {100 * a['accuracy_delta']:+.2f} points)"
-            )
+        faster = f"{1 / a['p50_ratio']:.2f}× faster" if a["faster"] else f"{a['p50_ratio']:.2f}× slower"
+        mark = "" if not a["peer"] else (" ✔" if a["faster"] and a["as_accurate"] else " ✘")
+        lines.append(f"- vs {a['row']}: {faster}, accuracy {100 * a['accuracy_delta']:+.2f} points{mark}")
     return lines
 
 

@@ -87,25 +87,26 @@ def is_headline(row: dict[str, Any], recipe: str, fmt: str) -> bool:
 
 def headline_verdict(rows: list[dict[str, Any]], recipe: str, fmt: str) -> dict[str, Any]:
     """Is the headline artifact strictly ahead of every peer row (faster at equal-or-better accuracy)
-    while keeping >= 97% of the teacher's accuracy? Says which peers it does not beat, and why."""
+    while keeping >= 97% of the teacher's accuracy? Peers are the int8 one-liners; the teacher's
+    float rows are the reference and are compared too, for information only."""
     headline = next((r for r in rows if is_headline(r, recipe, fmt)), None)
     teacher = next(r for r in rows if r["group"] == "teacher" and r["format"] == "torch")
     if headline is None:
         return {"headline": None, "ahead_of_all": False, "detail": f"no int8 {fmt} row from recipe {recipe}"}
     keeps = headline["accuracy"] >= ACCURACY_SHARE * teacher["accuracy"]
-    against = []
-    for peer in (r for r in rows if r["group"] in ("teacher", "peer")):
-        faster = headline["p50_ms"] < peer["p50_ms"]
-        as_accurate = headline["accuracy"] >= peer["accuracy"]
-        against.append(
-            {
-                "peer": peer["row"],
-                "faster": faster,
-                "as_accurate": as_accurate,
-                "p50_ratio": headline["p50_ms"] / peer["p50_ms"],
-                "accuracy_delta": headline["accuracy"] - peer["accuracy"],
-            }
-        )
+    against = [
+        {
+            "row": other["row"],
+            "peer": other["group"] == "peer",
+            "faster": headline["p50_ms"] < other["p50_ms"],
+            "as_accurate": headline["accuracy"] >= other["accuracy"],
+            "p50_ratio": headline["p50_ms"] / other["p50_ms"],
+            "accuracy_delta": headline["accuracy"] - other["accuracy"],
+        }
+        for other in rows
+        if other["group"] in ("teacher", "peer")
+    ]
+    beaten = [a["faster"] and a["as_accurate"] for a in against if a["peer"]]
     return {
         "headline": headline["row"],
         "accuracy": headline["accuracy"],
@@ -113,5 +114,5 @@ def headline_verdict(rows: list[dict[str, Any]], recipe: str, fmt: str) -> dict[
         "accuracy_share": headline["accuracy"] / teacher["accuracy"],
         "keeps_97pct": keeps,
         "against": against,
-        "ahead_of_all": keeps and all(a["faster"] and a["as_accurate"] for a in against),
+        "ahead_of_all": keeps and bool(beaten) and all(beaten),
     }

@@ -123,22 +123,25 @@ def tasks_from(args: argparse.Namespace) -> list[Task]:
 def recipe_overrides(
     task: Task, recipe: Path, fit: Path, held: Path, labels: list[str], args: argparse.Namespace
 ) -> list[str]:
-    """``--set`` overrides pointing a task-agnostic recipe at one task, its data and the suite's settings."""
-    sets = [
-        f"name={task.name}-{recipe.stem}",
-        f"teacher.path={task.teacher}",
-        f"data.train.path={fit}",
-        f"data.eval.path={held}",
-        f"data.test.path={task.data / 'dev.tsv'}",
-        f"task.text={task.text}",
-        f"task.label={task.label}",
-        f"task.labels={json.dumps(labels)}",
-        f"evaluate.warmup={args.warmup}",
-        f"evaluate.threads={args.threads}",
-        f"evaluate.throughput_batch={args.batch_size}",
-    ]
-    if task.text_pair:
-        sets.append(f"task.text_pair={task.text_pair}")
+    """``--set`` overrides pointing a task-agnostic recipe at one task, its data and the suite's settings.
+
+    Values are written as JSON, which YAML reads back verbatim (``#1 String`` would otherwise be a comment).
+    """
+    values = {
+        "name": f"{task.name}-{recipe.stem}",
+        "teacher.path": str(task.teacher),
+        "data.train.path": str(fit),
+        "data.eval.path": str(held),
+        "data.test.path": str(task.data / "dev.tsv"),
+        "task.text": task.text,
+        "task.text_pair": task.text_pair,
+        "task.label": task.label,
+        "task.labels": labels,
+        "evaluate.warmup": args.warmup,
+        "evaluate.threads": args.threads,
+        "evaluate.throughput_batch": args.batch_size,
+    }
+    sets = [f"{key}={json.dumps(value)}" for key, value in values.items()]
     if args.latency_samples:
         sets.append(f"evaluate.latency_samples={args.latency_samples}")
     for split, limit in (("test", args.limit), ("train", args.train_limit)):

@@ -1,0 +1,178 @@
+"""The benchmark suite's bookkeeping: recipes it runs stay valid, floors and verdicts are computed right."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from benchmarks import compress_rows, hardware, render, rows, suite
+from compress.recipe import load_recipe
+from tests.conftest import REPO
+
+
+def test_macs_count_projections_feed_forward_attention_and_factorised_embedding():
+    shape = hardware.EncoderShape(layers=2, hidden=8, intermediate=32, num_labels=2)
+    macs = hardware.encoder_macs(shape, 10)
+    assert macs["linear"] == 2 * 10 * (4 * 64 + 2 * 8 * 32) + 64 + 16
+    assert macs["attention"] == 2 * 2 * 100 * 8
+    factorised = hardware.encoder_macs(hardware.EncoderShape(2, 8, 32, 2, embedding_rank=4), 10)
+    assert factorised["total"] - macs["total"] == 10 * 4 * 8
+
+
+def test_encoder_shape_reads_sharing_from_config():
+    config = {
+        "num_hidden_layers": 3,
+        "hidden_size": 384,
+        "intermediate_size": 1536,
+        "id2label": {"0": "a", "1": "b"},
+        "compress_sharing": {"embedding_rank": 128},
+    }
+    assert hardware.encoder_shape(config) == hardware.EncoderShape(3, 384, 1536, 2, 128)
+
+
+def test_fixed_shape_models_compute_on_the_smallest_signature_that_fits():
+    assert hardware.padded_lengths([5, 64, 65, 300], [128, 64]).tolist() == [64, 64, 128, 128]
+
+
+def test_holdout_split_keeps_every_row_once_and_the_header(tmp_path: Path):
+    lines = ["sentence\tlabel\n"] + [f'a "quoted" row {i}\t{i % 2}\n' for i in range(50)]
+    train = tmp_path / "train.tsv"
+    train.write_text("".join(lines))
+    fit, held = compress_rows.holdout_split(train, tmp_path / "split", 0.1, 3, seed=0)
+    fit_rows, held_rows = fit.read_text().splitlines(True), held.read_text().splitlines(True)
+    assert fit_rows[0] == held_rows[0] == lines[0]
+    assert len(held_rows) == 1 + 3
+    assert sorted(fit_rows[1:] + held_rows[1:]) == sorted(lines[1:])
+    again = compress_rows.holdout_split(train, tmp_path / "again", 0.1, 3, seed=0)[1]
+    assert again.read_text() == held.read_text()
+
+
+@pytest.mark.parametrize("recipe", ["distil3.yaml", "distil2.yaml"])
+@pytest.mark.parametrize("task", ["sst2", "mrpc"])
+def test_benchmark_recipes_load_with_the_suite_overrides(tmp_path: Path, tiny_bert_dir: Path, recipe, task):
+    """Column names like ``#1 String`` survive the --set round trip, and the stages still validate."""
+    data = tmp_path / task
+    data.mkdir()
+    text, pair, label = suite.COLUMNS[task]
+    header = "\t".join(c for c in (label, text, pair) if c) + "\n"
+    for name in ("train.tsv", "dev.tsv", "heldout.tsv"):
+        (data / name).write_text(header + "\t".join(["1", "good", "fine"][: 2 + bool(pair)]) + "\n")
+    t = suite.Task(task, data, tiny_bert_dir, text, pair, label)
+    args = argparse.Namespace(
+        warmup=3,
+        threads=2,
+        batch_size=32,
+        latency_samples=None,
+        limit=5,
+        train_limit=None,
+        epochs=1,
+        overrides=[],
+    )
+    path = REPO / "benchmarks" / "recipes" / recipe
+    sets = suite.recipe_overrides(t, path, data / "train.tsv", data / "heldout.tsv", ["l0", "l1"], args)
+    loaded = load_recipe(path, sets)
+    assert (loaded.task.text, loaded.task.text_pair, loaded.task.label) == (text, pair, label)
+    assert loaded.name == f"{task}-{path.stem}" and loaded.data.test.limit == 5
+    assert [s.epochs for s in loaded.stages if s.type == "distill"] == [1]
+    assert [s.recovery.epochs for s in loaded.stages if s.type == "share"] == [1]
+
+
+def _row(
+    group: str, fmt: str, precision: str, accuracy: float, p50: float, recipe: str | None = None
+) -> dict:
+    return {
+        "group": group,
+        "format": fmt,
+        "precision": precision,
+        "accuracy": accuracy,
+        "p50_ms": p50,
+        "recipe": recipe,
+        "row": f"{group} {fmt} {precision} {recipe}",
+    }
+
+
+def test_headline_must_be_faster_and_as_accurate_as_every_peer_and_keep_97_percent():
+    table = [
+        _row("teacher", "torch", "fp32", 0.90, 20.0),
+        _row("peer", "onnx", "int8", 0.88, 5.0),
+        _row("compress", "onnx", "int8", 0.89, 3.0, recipe="distil3"),
+    ]
+    verdict = rows.headline_verdict(table, "distil3", "onnx")
+    assert verdict["keeps_97pct"] and verdict["ahead_of_all"]
+    table[1]["p50_ms"] = 2.0
+    verdict = rows.headline_verdict(table, "distil3", "onnx")
+    assert not verdict["ahead_of_all"]
+    assert [(a["peer"], a["faster"]) for a in verdict["against"]] == [(False, True), (True, False)]
+    table[2]["accuracy"] = 0.85
+    assert not rows.headline_verdict(table, "distil3", "onnx")["keeps_97pct"]
+    assert rows.headline_verdict(table, "distil2", "onnx")["headline"] is None
+
+
+def _full_row(task: str, group: str, fmt: str, precision: str, accuracy: float, p50: float, **extra) -> dict:
+    label = {"teacher": "teacher", "peer": "teacher, ORT dynamic int8"}.get(
+        group, "distil 6→3 + share + int8"
+    )
+    row = {
+        **_row(group, fmt, precision, accuracy, p50, extra.pop("recipe", None)),
+        "task": task,
+        "label": label,
+        "f1": accuracy - 0.01,
+        "agreement": None if group == "teacher" else 0.95,
+        "p90_ms": p50 * 1.2,
+        "throughput_per_s": 100.0,
+        "bytes": 5e6,
+        "peak_rss_bytes": 1e8,
+        "macs": {"total": 2e8},
+        "floor_ms": 1.0,
+        "x_floor": p50,
+        "padded_to": None,
+        "mean_tokens": 24.0,
+        "entry": {"metrics": {"latency_ms": {"samples": 10}}},
+        **extra,
+    }
+    row["row"] = f"{label} · {fmt} {precision}"
+    return row
+
+
+def test_results_are_written_as_json_markdown_and_plot(tmp_path: Path):
+    table = [
+        _full_row("mrpc", "teacher", "torch", "fp32", 0.86, 20.0),
+        _full_row("mrpc", "peer", "onnx", "int8", 0.85, 6.0),
+        _full_row(
+            "mrpc",
+            "compress",
+            "tflite",
+            "int8",
+            0.84,
+            3.0,
+            recipe="distil3",
+            padded_to=[64, 128],
+            floor_padded_ms=2.0,
+        ),
+    ]
+    results = {
+        "quick": True,
+        "created": "now",
+        "command": "python -m benchmarks.suite --quick",
+        "suite_wall_s": 60.0,
+        "host": {"cpu": "test CPU", "machine": "x86_64", "threads": 2},
+        "versions": {"torch": "x"},
+        "gemm": {
+            "size": 64,
+            "threads": 2,
+            "macs_per_s": {"fp32 torch.matmul": 1e9, "int8 torch._int_mm": 2e9},
+            "peak_macs_per_s": {"fp32": 1e9, "int8": 2e9},
+        },
+        "tasks": {"mrpc": {}},
+        "rows": table,
+        "recipes": [],
+        "headline": {"mrpc": rows.headline_verdict(table, "distil3", "tflite")},
+    }
+    render.write_all(results, tmp_path / "out")
+    text = (tmp_path / "out" / "results.md").read_text()
+    assert "| F1 |" in text and "quick harness check" in text
+    assert "not strictly ahead of every peer row" in text and "(2.00 padded)" in text
+    assert (tmp_path / "out" / "plot.png").stat().st_size > 1000
+    assert (tmp_path / "out" / "results.json").is_file()
