@@ -1,9 +1,10 @@
 """The bad-input catalogue: ways a user can hand compress a broken input, each through the real CLI.
 
 Every case expects exit status 2 (1 for a failed gate), exactly one ``error:`` line on stderr that
-names the problem and the fix, no traceback, and nothing half-written left behind: the only new
-paths are the run folder's lock, finished stages and the teacher-output cache, never a ``.tmp``.
-Most cases fail while the recipe is validated; the rest use the tiny model and stop before training.
+names the problem and the fix, no traceback, and nothing half-written left behind: no new ``.tmp``
+name anywhere and no stage folder without a complete manifest (the run folder's ``.lock`` and the
+teacher-output cache may stay). Most cases fail while the recipe is validated; the rest use the tiny
+model and stop before training.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import sys
 import tarfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -39,7 +40,9 @@ class Workspace:
     data: dict[str, Path]
     out: Path
     env: dict[str, str]
+    module: str = "compress.cli"
     preexec: Callable[[], None] | None = None
+    cleanups: list[Callable[[], None]] = field(default_factory=list)
 
     def recipe(self, stages: str = FINETUNE, extra: str = "") -> Path:
         """The tiny recipe (task labels negative/positive, teacher, reviews data) with ``stages``."""
@@ -252,7 +255,7 @@ def _full_disk(ws: Workspace) -> list[str]:
     )
     if mounted.returncode != 0:
         pytest.skip("cannot mount a tmpfs here (needs root); the file-size-limit case covers the write path")
-    ws.env["_UNMOUNT"] = str(disk)
+    ws.cleanups.append(lambda: subprocess.run(["umount", str(disk)], check=False))
     ws.out = disk
     return ws.run(ws.recipe())
 
@@ -266,7 +269,7 @@ def _locked(ws: Workspace) -> list[str]:
         stderr=subprocess.DEVNULL,
         env=ws.env,
     )
-    ws.env["_KILL"] = str(first.pid)
+    ws.cleanups.append(lambda: (first.kill(), first.wait()))
     deadline = time.time() + 120
     while not list((ws.out / "tiny").glob(".01-finetune.tmp-*")):
         assert first.poll() is None and time.time() < deadline, "the first run ended before it was busy"
@@ -285,7 +288,7 @@ def _tampered_bundle(ws: Workspace) -> list[str]:
         tar.extractall(ws.root / "unpacked", filter="data")
     model = ws.root / "unpacked" / "b" / "model.onnx"
     model.write_bytes(model.read_bytes()[:-64] + b"\x00" * 64)
-    ws.env["_MODULE"] = "compress.runtime.runner"
+    ws.module = "compress.runtime.runner"
     return ["--dir", str(model.parent), "predict", "a good film"]
 
 
@@ -522,19 +525,16 @@ def _half_written(path: Path, out: Path) -> bool:
 def workspace(tmp_path: Path, tiny_bert_dir: Path, reviews: dict[str, Path]):
     ws = Workspace(tmp_path, tiny_bert_dir, reviews, tmp_path / "runs", {**os.environ, "HF_HUB_OFFLINE": "1"})
     yield ws
-    if "_KILL" in ws.env:
-        os.kill(int(ws.env["_KILL"]), 9)
-    if "_UNMOUNT" in ws.env:
-        subprocess.run(["umount", ws.env["_UNMOUNT"]], check=False)
+    for cleanup in ws.cleanups:
+        cleanup()
 
 
 @pytest.mark.parametrize("case", list(_cases()))
 def test_bad_input_fails_cleanly(case: Case, workspace: Workspace):
     args = case.build(workspace)
     before = _tree(workspace.root)
-    module = workspace.env.pop("_MODULE", "compress.cli")
     done = subprocess.run(
-        [sys.executable, "-m", module, *args],
+        [sys.executable, "-m", workspace.module, *args],
         capture_output=True,
         text=True,
         timeout=300,
@@ -549,6 +549,8 @@ def test_bad_input_fails_cleanly(case: Case, workspace: Workspace):
     lines = [line for line in stderr.splitlines() if line.strip()]
     errors = [line for line in lines if line.startswith(prefix)]
     assert len(errors) == 1 and lines[-1] == errors[0], stderr[-3000:]
+    if not any(line.startswith("compress: ") for line in lines):
+        assert lines == errors, f"a failure before the run starts prints only its error line:\n{stderr}"
     for part in case.expect:
         assert part.lower() in errors[0].lower(), f"{part!r} not in: {errors[0]}"
     assert not (workspace.root / "PWNED").exists()
