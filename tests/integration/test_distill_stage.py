@@ -16,7 +16,7 @@ from tests.helpers.tiny import write_recipe, write_reviews
 FINETUNE = "  - type: finetune\n    when: always\n    epochs: 10\n    batch_size: 16\n    lr: 3.0e-3\n"
 DISTILL = """  - type: distill
     layers: 1
-    epochs: 4
+    epochs: {epochs}
     batch_size: 16
     lr: 3.0e-3
     patience: null
@@ -38,7 +38,13 @@ def teacher(tmp_path_factory, tiny_bert_dir):
 
 
 def run(tmp_path, teacher, **kw):
-    values = {"weights": "{soft: 1.0, hard: 0.5, hidden: 1.0}", "metric": "cosine", "extra": "", **kw}
+    values = {
+        "weights": "{soft: 1.0, hard: 0.5, hidden: 1.0}",
+        "metric": "cosine",
+        "extra": "",
+        "epochs": 4,
+        **kw,
+    }
     stages = DISTILL.format(**values)
     recipe = load_recipe(
         write_recipe(tmp_path / "r.yaml", teacher=teacher[0], data=teacher[1], stages=stages)
@@ -71,6 +77,7 @@ def test_attention_and_projected_mse_terms_train_a_narrower_student(tmp_path, te
         teacher,
         weights="{soft: 1.0, hidden: 1.0, attention: 1.0}",
         metric="mse",
+        epochs=2,
         extra="    hidden_size: 16\n",
     )
     manifest = read_json(result.stages[0].dir / "manifest.json")
@@ -108,7 +115,7 @@ def test_mlm_augmentation_and_unlabelled_text_feed_the_transfer_set(tmp_path, te
         "    augment: {multiplier: 2, candidates: 3}\n"
         f"    unlabelled: {{path: {unlabelled}, text: sentence}}\n"
     )
-    result = run(tmp_path, teacher, weights="{soft: 1.0, mlm: 0.5}", extra=extra)
+    result = run(tmp_path, teacher, weights="{soft: 1.0, mlm: 0.5}", extra=extra, epochs=1)
     manifest = read_json(result.stages[0].dir / "manifest.json")
     rows = len(teacher[1]["train"].read_text().splitlines()) - 1
     assert manifest["info"]["transfer_rows"] == 3 * (rows + 2)
