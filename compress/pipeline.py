@@ -189,20 +189,27 @@ def _run_stage(
 
 def run_recipe(recipe: Any, out_dir: Path, *, fresh: bool = False) -> RunResult:
     """Run every stage of ``recipe`` into ``out_dir/<name>``, then evaluate and report."""
+    from compress.data import load_recipe_split
+    from compress.models import check_model_folder
+
+    # Everything a stage will read is checked before the run folder is touched, so bad data or a
+    # broken teacher fails in seconds and leaves nothing behind.
+    teacher_dir = resolve_teacher(recipe.teacher, recipe_dir(recipe))
+    check_model_folder(teacher_dir, allow_pickle=recipe.teacher.allow_pickle)
+    ctx_splits = {
+        name: load_recipe_split(recipe, name)
+        for name in ("train", "eval", "test")
+        if getattr(recipe.data, name) is not None
+    }
     run_dir = (out_dir / recipe.name).resolve()
     with run_lock(run_dir):
         _remove_stale(run_dir)
-        teacher_dir = resolve_teacher(recipe.teacher, recipe_dir(recipe))
-        from compress.models import check_model_folder
-
-        check_model_folder(teacher_dir, allow_pickle=recipe.teacher.allow_pickle)
         upstream = sha256_json(
             {"teacher": folder_weights_sha(teacher_dir), "trust": recipe.teacher.trust_remote_code}
         )
         data = data_identity(recipe)
         input_dir, previous, outcomes = teacher_dir, [], []
         cache_dir = run_dir / ".cache"
-        ctx_splits: dict[str, Any] = {}
         total = len(recipe.stages)
         for index, config in enumerate(recipe.stages, 1):
             spec = STAGES[config.type]

@@ -106,8 +106,7 @@ def optimizer_and_schedule(
 def check_finite(loss: torch.Tensor, step: int, stage: str) -> None:
     if not torch.isfinite(loss).all():
         raise TrainingError(
-            f"{stage}: loss became {loss.item()} at step {step}; lower the learning rate "
-            "or check the data (the last good checkpoint is kept)"
+            f"{stage}: loss became {loss.item()} at step {step}; lower the learning rate or check the data"
         )
 
 

@@ -2,7 +2,8 @@
 
 Runs only when the recipe's teacher is not yet a classifier for the task's labels (``when:
 untrained``), so the same recipe works for a base checkpoint and for an already fine-tuned one.
-The output becomes the teacher of every later stage.
+The output becomes the teacher of every later stage. Heavy imports live inside the handler so that
+validating a recipe does not pay for torch.
 """
 
 from __future__ import annotations
@@ -10,25 +11,14 @@ from __future__ import annotations
 import logging
 import shutil
 import time
+from pathlib import Path
 from typing import Literal
 
-import torch
 from pydantic import Field
-from tqdm.auto import tqdm
 
-from compress.errors import DataError
-from compress.models import count_parameters, is_classifier, load_classifier, save_checkpoint
+from compress.errors import DataError, TrainingError
 from compress.stages import register_stage
 from compress.stages.base import StageConfig, StageContext, StageResult
-from compress.training import (
-    check_finite,
-    classification_metrics,
-    encode,
-    forward_inputs,
-    optimizer_and_schedule,
-    predict_logits,
-    set_seed,
-)
 
 log = logging.getLogger(__name__)
 
@@ -44,31 +34,37 @@ class FinetuneConfig(StageConfig):
     max_grad_norm: float = Field(1.0, gt=0)
 
 
-def _copy_teacher(ctx: StageContext) -> StageResult:
-    for item in ctx.teacher_dir.iterdir():
+def _copy_files(source: Path, dest: Path) -> None:
+    for item in source.iterdir():
         if item.is_file():
-            shutil.copy2(item, ctx.out_dir / item.name)
-    return StageResult(info={"skipped": "the teacher is already a classifier for the task's labels"})
+            shutil.copy2(item, dest / item.name)
 
 
-@register_stage("finetune", FinetuneConfig, sets_teacher=True)
-def run(ctx: StageContext) -> StageResult:
+def _train(ctx: StageContext, cfg: FinetuneConfig, best_dir: Path) -> dict:
+    """The training loop; the best epoch is saved to ``best_dir``, outside the stage's temporary folder."""
+    import torch
     from accelerate import Accelerator
+    from tqdm.auto import tqdm
 
-    cfg: FinetuneConfig = ctx.config  # type: ignore[assignment]
+    from compress.io import atomic_dir
+    from compress.models import count_parameters, load_classifier, save_checkpoint
+    from compress.training import (
+        check_finite,
+        classification_metrics,
+        encode,
+        forward_inputs,
+        optimizer_and_schedule,
+        predict_logits,
+        set_seed,
+    )
+
     train, evals = ctx.split("train"), ctx.split("eval")
-    if train.labels is None:
-        raise DataError(f"{train.source}: finetune needs a label column in the training data")
-    names = train.label_names
-    if cfg.when == "untrained" and is_classifier(ctx.teacher_dir, len(names)):
-        return _copy_teacher(ctx)
-
     set_seed(ctx.seed)
     teacher = ctx.recipe.teacher
     model, tokenizer = load_classifier(
         ctx.teacher_dir,
-        num_labels=len(names),
-        label_names=names,
+        num_labels=len(train.label_names),
+        label_names=train.label_names,
         trust_remote_code=teacher.trust_remote_code,
         allow_pickle=teacher.allow_pickle,
     )
@@ -78,9 +74,12 @@ def run(ctx: StageContext) -> StageResult:
     loader = torch.utils.data.DataLoader(
         train_enc, batch_size=cfg.batch_size, shuffle=True, generator=torch.Generator().manual_seed(ctx.seed)
     )
-    total = cfg.epochs * len(loader)
     optimizer, schedule = optimizer_and_schedule(
-        model, lr=cfg.lr, weight_decay=cfg.weight_decay, warmup_ratio=cfg.warmup_ratio, total_steps=total
+        model,
+        lr=cfg.lr,
+        weight_decay=cfg.weight_decay,
+        warmup_ratio=cfg.warmup_ratio,
+        total_steps=cfg.epochs * len(loader),
     )
     model, optimizer, loader, schedule = accelerator.prepare(model, optimizer, loader, schedule)
 
@@ -90,13 +89,17 @@ def run(ctx: StageContext) -> StageResult:
         bar = tqdm(
             loader,
             desc=f"finetune epoch {epoch + 1}/{cfg.epochs}",
-            disable=not accelerator.is_main_process,
             leave=False,
+            disable=not accelerator.is_main_process,
         )
         losses = []
         for batch in bar:
             out = model(**forward_inputs(model, batch), labels=batch["labels"])
-            check_finite(out.loss, step, "finetune")
+            try:
+                check_finite(out.loss, step, "finetune")
+            except TrainingError as exc:
+                kept = f"last good checkpoint: {best_dir}" if best >= 0 else "no checkpoint was saved yet"
+                raise TrainingError(f"{exc}; {kept}") from None
             accelerator.backward(out.loss)
             accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
             optimizer.step()
@@ -116,14 +119,30 @@ def run(ctx: StageContext) -> StageResult:
         )
         if metrics["accuracy"] > best and accelerator.is_main_process:
             best = metrics["accuracy"]
-            save_checkpoint(unwrapped, tokenizer, ctx.out_dir)
+            with atomic_dir(best_dir) as tmp:
+                save_checkpoint(unwrapped, tokenizer, tmp)
     accelerator.wait_for_everyone()
-    return StageResult(
-        metrics={
-            "eval_accuracy": best,
-            "best_epoch": max(history, key=lambda h: h["accuracy"])["epoch"],
-            "history": history,
-            "parameters": count_parameters(accelerator.unwrap_model(model)),
-            "train_seconds": round(time.time() - start, 2),
-        }
-    )
+    return {
+        "eval_accuracy": best,
+        "best_epoch": max(history, key=lambda h: h["accuracy"])["epoch"],
+        "history": history,
+        "parameters": count_parameters(accelerator.unwrap_model(model)),
+        "train_seconds": round(time.time() - start, 2),
+    }
+
+
+@register_stage("finetune", FinetuneConfig, sets_teacher=True)
+def run(ctx: StageContext) -> StageResult:
+    from compress.models import is_classifier
+
+    cfg: FinetuneConfig = ctx.config  # type: ignore[assignment]
+    train = ctx.split("train")
+    if train.labels is None:
+        raise DataError(f"{train.source}: finetune needs a label column in the training data")
+    if cfg.when == "untrained" and is_classifier(ctx.teacher_dir, len(train.label_names)):
+        _copy_files(ctx.teacher_dir, ctx.out_dir)
+        return StageResult(info={"skipped": "the teacher is already a classifier for the task's labels"})
+    best_dir = ctx.cache_dir / "finetune" / f"best-{ctx.index:02d}"
+    metrics = _train(ctx, cfg, best_dir)
+    _copy_files(best_dir, ctx.out_dir)
+    return StageResult(metrics=metrics)

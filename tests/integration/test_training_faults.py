@@ -76,11 +76,6 @@ def test_nan_in_distill_names_the_step_and_keeps_the_best_checkpoint(
     assert not (run_dir / "02-distill").exists() and leftovers(run_dir) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finetune keeps its best checkpoint only in the stage's temporary folder, which is deleted "
-    "on the error; see /work/notes/issue9-fixes.md",
-)
 def test_nan_in_finetune_names_the_step_and_keeps_the_best_checkpoint(
     tmp_path, tiny_bert_dir, reviews, monkeypatch
 ):
