@@ -11,6 +11,8 @@ from compress.io import read_json
 from compress.models import load_classifier
 from compress.pipeline import run_recipe
 from compress.recipe import load_recipe
+from compress.stages import get_stage
+from compress.stages.base import StageContext, StageResult
 from tests.helpers.tiny import write_recipe, write_reviews
 
 FINETUNE = "  - type: finetune\n    when: always\n    epochs: 10\n    batch_size: 16\n    lr: 3.0e-3\n"
@@ -25,19 +27,36 @@ DISTILL = """  - type: distill
 {extra}"""
 
 
+def handler_only(recipe_path: Path, work: Path, teacher: Path) -> tuple[StageResult, Path]:
+    """Run a one-stage recipe's handler without the pipeline's final report (which measures latency)."""
+    recipe = load_recipe(recipe_path)
+    out = work / "out"
+    out.mkdir(parents=True)
+    ctx = StageContext(
+        recipe=recipe,
+        config=recipe.stages[0],
+        index=1,
+        out_dir=out,
+        run_dir=work,
+        teacher_dir=teacher,
+        input_dir=teacher,
+        previous=[],
+        cache_dir=work / ".cache",
+        seed=recipe.seed,
+    )
+    return get_stage(recipe.stages[0].type).run(ctx), out
+
+
 @pytest.fixture(scope="module")
 def teacher(tmp_path_factory, tiny_bert_dir):
     """The tiny model fine-tuned once for the module: (teacher folder, data files)."""
     root = tmp_path_factory.mktemp("teacher")
     data = write_reviews(root / "data")
-    result = run_recipe(
-        load_recipe(write_recipe(root / "r.yaml", teacher=tiny_bert_dir, data=data, stages=FINETUNE)),
-        root / "runs",
-    )
-    return result.stages[0].dir, data
+    recipe = write_recipe(root / "r.yaml", teacher=tiny_bert_dir, data=data, stages=FINETUNE)
+    return handler_only(recipe, root / "work", tiny_bert_dir)[1], data
 
 
-def run(tmp_path, teacher, **kw):
+def recipe_file(tmp_path, teacher, **kw) -> Path:
     values = {
         "weights": "{soft: 1.0, hard: 0.5, hidden: 1.0}",
         "metric": "cosine",
@@ -46,10 +65,15 @@ def run(tmp_path, teacher, **kw):
         **kw,
     }
     stages = DISTILL.format(**values)
-    recipe = load_recipe(
-        write_recipe(tmp_path / "r.yaml", teacher=teacher[0], data=teacher[1], stages=stages)
-    )
-    return run_recipe(recipe, tmp_path / "runs")
+    return write_recipe(tmp_path / "r.yaml", teacher=teacher[0], data=teacher[1], stages=stages)
+
+
+def run(tmp_path, teacher, **kw):
+    return run_recipe(load_recipe(recipe_file(tmp_path, teacher, **kw)), tmp_path / "runs")
+
+
+def stage(tmp_path, teacher, **kw) -> StageResult:
+    return handler_only(recipe_file(tmp_path, teacher, **kw), tmp_path / "work", teacher[0])[0]
 
 
 def test_distilled_student_keeps_the_teachers_accuracy(tmp_path, teacher):
@@ -72,7 +96,7 @@ def test_distilled_student_keeps_the_teachers_accuracy(tmp_path, teacher):
 
 
 def test_attention_and_projected_mse_terms_train_a_narrower_student(tmp_path, teacher):
-    result = run(
+    result = stage(
         tmp_path,
         teacher,
         weights="{soft: 1.0, hidden: 1.0, attention: 1.0}",
@@ -80,9 +104,8 @@ def test_attention_and_projected_mse_terms_train_a_narrower_student(tmp_path, te
         epochs=2,
         extra="    hidden_size: 16\n",
     )
-    manifest = read_json(result.stages[0].dir / "manifest.json")
-    curves = manifest["metrics"]["loss_curves"]
-    assert manifest["metrics"]["parameters"] < manifest["metrics"]["source_parameters"] / 2
+    curves = result.metrics["loss_curves"]
+    assert result.metrics["parameters"] < result.metrics["source_parameters"] / 2
     assert curves["attention"][-1] < curves["attention"][0]
     assert curves["hidden"][-1] < curves["hidden"][0]
 
@@ -115,12 +138,11 @@ def test_mlm_augmentation_and_unlabelled_text_feed_the_transfer_set(tmp_path, te
         "    augment: {multiplier: 2, candidates: 3}\n"
         f"    unlabelled: {{path: {unlabelled}, text: sentence}}\n"
     )
-    result = run(tmp_path, teacher, weights="{soft: 1.0, mlm: 0.5}", extra=extra, epochs=1)
-    manifest = read_json(result.stages[0].dir / "manifest.json")
+    result = stage(tmp_path, teacher, weights="{soft: 1.0, mlm: 0.5}", extra=extra, epochs=1)
     rows = len(teacher[1]["train"].read_text().splitlines()) - 1
-    assert manifest["info"]["transfer_rows"] == 3 * (rows + 2)
-    assert manifest["info"]["labelled_rows"] == rows
-    assert set(manifest["metrics"]["loss_curves"]) == {"soft", "mlm", "total"}
+    assert result.info["transfer_rows"] == 3 * (rows + 2)
+    assert result.info["labelled_rows"] == rows
+    assert set(result.metrics["loss_curves"]) == {"soft", "mlm", "total"}
 
 
 def test_non_finite_loss_names_the_step_and_keeps_the_last_good_checkpoint(tmp_path, teacher, monkeypatch):
