@@ -12,6 +12,11 @@ from typing import Any
 
 from compress.quantize.search import SearchResult, logits_of
 
+INT8_ATOL, INT8_RTOL = 0.3, 0.1
+"""PyTorch simulates int8 in float (quantize-dequantize); onnxruntime runs fused int8 kernels that round
+and requantize differently: on the SST-2 MiniLM teacher logits moved by up to 0.14. A mis-lowered graph
+moves them by whole units; whether predictions survive is the stage's eval agreement check."""
+
 
 def fold_weights(raw: Path, target: Path) -> None:
     """Write ``raw`` to ``target`` with constant QuantizeLinear nodes folded into int8 initializers."""
@@ -68,8 +73,8 @@ def export_search_winner(
             onnx_runner(path),
             cases,
             what=f"{path.name} (int8) export check",
-            atol=0.05,
-            rtol=0.05,
+            atol=INT8_ATOL,
+            rtol=INT8_RTOL,
         )
         quantization = {
             "tool": "neural_compressor.torch (PT2E static int8) -> torch.onnx.export(dynamo=True)",
