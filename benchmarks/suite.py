@@ -70,7 +70,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=[HERE / "recipes/distil3.yaml", HERE / "recipes/distil2.yaml"],
     )
     p.add_argument("--headline", default="distil3:onnx", help="RECIPE:FORMAT of the headline int8 artifact")
-    p.add_argument("--epochs", type=int, help="epochs of every distill stage and share recovery")
+    p.add_argument("--epochs", type=int, help="epochs of every distill stage (default: the recipe's)")
+    p.add_argument("--recovery-epochs", type=int, help="epochs of share recovery (default: the recipe's)")
     p.add_argument(
         "--set",
         dest="overrides",
@@ -95,7 +96,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.quick:
         args.limit, args.train_limit = args.limit or 48, args.train_limit or 256
-        args.epochs, args.holdout = args.epochs or 1, min(args.holdout, 32)
+        args.epochs, args.recovery_epochs = args.epochs or 1, args.recovery_epochs or 1
+        args.holdout = min(args.holdout, 32)
         args.latency_samples, args.calibration_rows = (
             args.latency_samples or 24,
             min(args.calibration_rows, 16),
@@ -147,12 +149,11 @@ def recipe_overrides(
     for split, limit in (("test", args.limit), ("train", args.train_limit)):
         if limit:
             sets.append(f"data.{split}.limit={limit}")
-    if args.epochs:
-        for i, stage in enumerate(yaml.safe_load(recipe.read_text())["stages"]):
-            if stage["type"] == "distill":
-                sets.append(f"stages.{i}.epochs={args.epochs}")
-            elif stage["type"] == "share" and stage.get("recovery") is not None:
-                sets.append(f"stages.{i}.recovery.epochs={args.epochs}")
+    for i, stage in enumerate(yaml.safe_load(recipe.read_text())["stages"]):
+        if stage["type"] == "distill" and args.epochs:
+            sets.append(f"stages.{i}.epochs={args.epochs}")
+        elif stage["type"] == "share" and stage.get("recovery") is not None and args.recovery_epochs:
+            sets.append(f"stages.{i}.recovery.epochs={args.recovery_epochs}")
     return sets + args.overrides
 
 
@@ -334,6 +335,7 @@ def main(argv: list[str] | None = None) -> int:
             "limit": args.limit,
             "train_limit": args.train_limit,
             "epochs": args.epochs,
+            "recovery_epochs": args.recovery_epochs,
             "headline": args.headline,
         },
         "tasks": {t.name: {"data": str(t.data), "teacher": str(t.teacher)} for t in tasks},

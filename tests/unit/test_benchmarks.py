@@ -68,6 +68,7 @@ def test_benchmark_recipes_load_with_the_suite_overrides(tmp_path: Path, tiny_be
         limit=5,
         train_limit=None,
         epochs=1,
+        recovery_epochs=2,
         overrides=[],
     )
     path = REPO / "benchmarks" / "recipes" / recipe
@@ -76,7 +77,7 @@ def test_benchmark_recipes_load_with_the_suite_overrides(tmp_path: Path, tiny_be
     assert (loaded.task.text, loaded.task.text_pair, loaded.task.label) == (text, pair, label)
     assert loaded.name == f"{task}-{path.stem}" and loaded.data.test.limit == 5
     assert [s.epochs for s in loaded.stages if s.type == "distill"] == [1]
-    assert [s.recovery.epochs for s in loaded.stages if s.type == "share"] == [1]
+    assert [s.recovery.epochs for s in loaded.stages if s.type == "share"] == [2]
 
 
 def _row(
