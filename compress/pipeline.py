@@ -270,6 +270,9 @@ def run_recipe(recipe: Any, out_dir: Path, *, fresh: bool = False) -> RunResult:
             "teacher_dir": str(teacher_dir),
             "stages": [{"index": o.index, "type": o.type, "dir": o.dir.name} for o in outcomes],
         }
+        if not recipe.evaluate.enabled:
+            write_json_atomic(run_dir / "run.json", run_manifest)
+            return RunResult(run_dir, outcomes)
         report, report_hash = _report(run_dir, recipe, upstream, fresh)
         write_json_atomic(run_dir / "run.json", {**run_manifest, "report_hash": report_hash})
         return RunResult(run_dir, outcomes, report)

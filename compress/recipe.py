@@ -116,6 +116,8 @@ class GatesConfig(Strict):
 
 
 class EvaluateConfig(Strict):
+    enabled: bool = True
+    """Evaluate and report at the end of ``compress run``; off only for quick experiments (no gates)."""
     split: Literal["eval", "test"] | None = None
     """Which split the final check uses; default ``test`` when the recipe has one, else ``eval``."""
     latency_samples: int = Field(200, gt=0)
@@ -136,6 +138,12 @@ class RecipeBase(Strict):
     gates: GatesConfig | None = None
     evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
     _source: Path | None = PrivateAttr(None)
+
+    @model_validator(mode="after")
+    def _gates_need_a_report(self) -> RecipeBase:
+        if self.gates is not None and not self.evaluate.enabled:
+            raise ValueError("gates need the final evaluation; remove evaluate.enabled: false or the gates")
+        return self
 
     @field_validator("targets")
     @classmethod

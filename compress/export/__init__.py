@@ -31,10 +31,14 @@ SAMPLE_TEXTS = [
 class Classifier(torch.nn.Module):
     """``(input_ids, attention_mask[, token_type_ids]) -> {"logits": ...}`` for tracing by either exporter."""
 
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, *, additive_mask: bool = False):
         super().__init__()
         self.model = model
         self.names = input_names(model)
+        # A 4-D additive float mask: transformers' own 2-D -> 4-D mask builder lowers to GATHER_ND v5
+        # in TFLite, which tflite-runtime 2.14 (the Raspberry Pi fallback) cannot load. -1e4, not
+        # float32's minimum: an int8 MUL on a mask scaled to the minimum aborts on arm64.
+        self.additive_mask = additive_mask
 
     def forward(
         self,
@@ -42,7 +46,10 @@ class Classifier(torch.nn.Module):
         attention_mask: torch.Tensor,
         token_type_ids: torch.Tensor | None = None,
     ) -> dict[str, torch.Tensor]:
-        kwargs = {"input_ids": input_ids.long(), "attention_mask": attention_mask.long()}
+        mask = attention_mask.long()
+        if self.additive_mask:
+            mask = (1.0 - attention_mask[:, None, None, :].to(torch.float32)) * -10000.0
+        kwargs = {"input_ids": input_ids.long(), "attention_mask": mask}
         if token_type_ids is not None:
             kwargs["token_type_ids"] = token_type_ids.long()
         return {"logits": self.model(**kwargs).logits}

@@ -116,7 +116,7 @@ def export_tflite(
     """
     if profile.format != "tflite":
         raise ExportError(f"target '{profile.name}' wants {profile.format}, not tflite")
-    module = Classifier(model.eval()).eval()
+    module = Classifier(model.eval(), additive_mask=True).eval()
     lengths = sorted(profile.sequence_lengths)
     with atomic_dir(out_dir) as folder:
         path = folder / MODEL_FILES["tflite"]

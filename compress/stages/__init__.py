@@ -36,8 +36,10 @@ def get_stage(name: str) -> StageSpec:
 
 __all__ = ["STAGES", "StageConfig", "StageContext", "StageResult", "StageSpec", "get_stage", "register_stage"]
 
-from compress.stages import finetune  # noqa: E402, F401
-from compress.stages import share  # noqa: E402, F401
-from compress.stages import distill  # noqa: E402, F401
-from compress.stages import export  # noqa: E402, F401
-from compress.stages import quantize  # noqa: E402, F401
+from compress.stages import (  # noqa: E402
+    distill,  # noqa: F401
+    export,  # noqa: F401
+    finetune,  # noqa: F401
+    quantize,  # noqa: F401
+    share,  # noqa: F401
+)
