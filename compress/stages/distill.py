@@ -12,13 +12,10 @@ from typing import Literal
 from pydantic import Field
 
 from compress.distill.config import DistillOptions
-from compress.distill.student import build_student
-from compress.distill.trainer import distill_model
 from compress.errors import ModelError, RecipeError
 from compress.models import count_parameters, load_classifier, save_checkpoint
 from compress.stages import register_stage
 from compress.stages.base import StageConfig, StageContext, StageResult
-from compress.training import set_seed
 
 
 class DistillConfig(StageConfig, DistillOptions):
@@ -37,6 +34,11 @@ def _where(ctx: StageContext) -> str:
 
 @register_stage("distill", DistillConfig)
 def run(ctx: StageContext) -> StageResult:
+    # torch and the loop are imported here so that validating a recipe stays fast.
+    from compress.distill.student import build_student
+    from compress.distill.trainer import distill_model
+    from compress.training import set_seed
+
     cfg: DistillConfig = ctx.config  # type: ignore[assignment]
     start = time.time()
     teacher_cfg = ctx.recipe.teacher
