@@ -22,6 +22,17 @@ from compress.errors import CompressError
 _CHUNK = 1 << 20
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _default_mode(path: Path, base: int) -> None:
+    """mkstemp/mkdtemp create private (0600/0700) entries; give results the mode a plain write would."""
+    os.chmod(path, base & ~_umask())
+
+
 def sha256_file(path: str | Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
@@ -75,6 +86,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     tmp = Path(tmp_name)
     try:
         yield tmp
+        _default_mode(tmp, 0o666)
         os.replace(tmp, target)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
@@ -113,6 +125,7 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
         _raise_os_error(target.parent, exc)
     try:
         yield tmp
+        _default_mode(tmp, 0o777)
         if target.exists():
             old = target.with_name(f".{target.name}.old-{os.getpid()}")
             os.replace(target, old)

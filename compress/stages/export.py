@@ -90,13 +90,13 @@ def export_float(
 
 
 def load_input_model(ctx: StageContext) -> tuple[Any, Any]:
-    """The newest checkpoint; a shared/factorised one (from ``share``) is rebuilt with its ties intact."""
+    """The newest checkpoint (a ``share`` checkpoint comes back with its ties intact)."""
     from compress.models import load_classifier
-    from compress.share.model import is_shared_folder, load_shared_classifier
 
-    if is_shared_folder(ctx.input_dir):
-        return load_shared_classifier(ctx.input_dir)
-    return load_classifier(ctx.input_dir, trust_remote_code=ctx.recipe.teacher.trust_remote_code)
+    teacher = ctx.recipe.teacher
+    return load_classifier(
+        ctx.input_dir, trust_remote_code=teacher.trust_remote_code, allow_pickle=teacher.allow_pickle
+    )
 
 
 def artifact_metrics(manifest: dict[str, Any]) -> dict[str, Any]:
