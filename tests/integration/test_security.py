@@ -188,11 +188,17 @@ def test_a_run_writes_only_inside_its_run_folder(tmp_path, tiny_bert_dir, review
     work = tmp_path / "work"
     (work / "recipes").mkdir(parents=True)
     teacher = shutil.copytree(tiny_bert_dir, tmp_path / "teacher")
-    path = write_recipe(work / "recipes" / "r.yaml", teacher=Path("../../teacher"), data=reviews, stages=COPY)
+    path = write_recipe(
+        work / "recipes" / "r.yaml",
+        teacher=Path("../../teacher"),
+        data=reviews,
+        stages=COPY,
+        extra=QUICK_REPORT,
+    )
     text = path.read_text()
     for file in reviews.values():
         text = text.replace(str(file), f"../../data/{file.name}")
-    path.write_text(text + QUICK_REPORT)
+    path.write_text(text)
     before = tree(tmp_path)
     done = compress_cli("run", str(path), "--out", str(work / "runs"))
     assert done.returncode == 0, done.stderr[-3000:]
