@@ -157,7 +157,11 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
 
 
 def evaluate_program(folder: Path, split: Any, settings: Any, teacher_logits: np.ndarray) -> dict[str, Any]:
-    """One report entry for the saved program, shaped like ``compress.evaluate.evaluate_subject``'s."""
+    """One report entry for the saved program, shaped like ``compress.evaluate.evaluate_subject``'s.
+
+    Inductor's kernel cache lives beside the program, so compile_s is a cold compile, not a hit
+    in a cache an earlier run left in /tmp.
+    """
     from compress.io import read_json, sha256_file
     from compress.metrics import fidelity_metrics, task_metrics
 
@@ -169,6 +173,7 @@ def evaluate_program(folder: Path, split: Any, settings: Any, teacher_logits: np
         TOKENIZERS_PARALLELISM="false",
         OMP_NUM_THREADS=str(threads),
         PYTHONPATH=os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p),
+        TORCHINDUCTOR_CACHE_DIR=str(folder.parent / "inductor-cache"),
     )
     with tempfile.TemporaryDirectory(prefix="bench-pt2e-") as tmp:
         request = {
