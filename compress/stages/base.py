@@ -60,6 +60,11 @@ class StageContext:
             self._splits[name] = load_recipe_split(self.recipe, name)
         return self._splits[name]
 
+    def where(self) -> str:
+        """``recipes/x.yaml stages[2]``: the prefix of an error about this stage's options."""
+        source = getattr(self.recipe, "_source", None) or "recipe"
+        return f"{source} stages[{self.index - 1}]"
+
     def targets(self) -> list[TargetProfile]:
         from compress.targets import load_target
 

@@ -27,11 +27,6 @@ class DistillConfig(StageConfig, DistillOptions):
     intermediate_size: int | None = Field(None, gt=0)
 
 
-def _where(ctx: StageContext) -> str:
-    source = getattr(ctx.recipe, "_source", None) or "recipe"
-    return f"{source} stages[{ctx.index - 1}]"
-
-
 @register_stage("distill", DistillConfig)
 def run(ctx: StageContext) -> StageResult:
     # torch and the loop are imported here so that validating a recipe stays fast.
@@ -51,11 +46,11 @@ def run(ctx: StageContext) -> StageResult:
             source, cfg.layers, cfg.init, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size
         )
     except ModelError as exc:
-        raise RecipeError(f"{_where(ctx)}.{exc}") from None
+        raise RecipeError(f"{ctx.where()}.{exc}") from None
     try:
         outcome = distill_model(student, tokenizer, ctx.teacher_dir, ctx, cfg)
     except RecipeError as exc:
-        raise RecipeError(f"{_where(ctx)}.{exc}") from None
+        raise RecipeError(f"{ctx.where()}.{exc}") from None
     if outcome.is_main_process:
         save_checkpoint(student, tokenizer, ctx.out_dir)
     metrics = {

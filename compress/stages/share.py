@@ -16,6 +16,7 @@ from pydantic import Field, model_validator
 
 from compress.config import Strict
 from compress.distill.config import DistillOptions
+from compress.errors import RecipeError
 from compress.stages import register_stage
 from compress.stages.base import StageConfig, StageContext, StageResult
 
@@ -111,8 +112,14 @@ def run(ctx: StageContext) -> StageResult:
 
     cfg: ShareConfig = ctx.config  # type: ignore[assignment]
     set_seed(ctx.seed)
-    model, tokenizer = load_classifier(ctx.input_dir, trust_remote_code=ctx.recipe.teacher.trust_remote_code)
-    tokenizer, steps = _transform(ctx, cfg, model, tokenizer)
+    teacher = ctx.recipe.teacher
+    model, tokenizer = load_classifier(
+        ctx.input_dir, trust_remote_code=teacher.trust_remote_code, allow_pickle=teacher.allow_pickle
+    )
+    try:
+        tokenizer, steps = _transform(ctx, cfg, model, tokenizer)
+    except RecipeError as exc:
+        raise RecipeError(f"{ctx.where()}.{str(exc).removeprefix('share.')}") from None
     info: dict[str, Any] = {"compress_sharing": sharing_spec(model)}
     metrics: dict[str, Any] = {"steps": steps}
     if cfg.recovery is not None:

@@ -26,7 +26,6 @@ import pytest
 from tests.helpers.tiny import write_recipe
 
 FINETUNE = "  - type: finetune\n    epochs: 1\n"
-SHARE_WHERE = "share stage errors do not name the recipe file and stage: see /work/notes/issue9-fixes.md"
 DISTILL = "  - type: distill\n    layers: 1\n    epochs: 1\n"
 SHARE = "  - type: share\n    recovery: null\n"
 
@@ -396,19 +395,16 @@ CASES = [
         "sharing-groups-overlap",
         _stages(SHARE + "    layers: {mode: groups, groups: [[0, 1], [1, 0]]}\n"),
         ("r.yaml", "groups", "one group only"),
-        xfail=SHARE_WHERE,
     ),
     Case(
         "sharing-group-out-of-range",
         _stages(SHARE + "    layers: {mode: groups, groups: [[0, 5]]}\n"),
         ("r.yaml", "groups[0]", "layer 5", "0..1"),
-        xfail=SHARE_WHERE,
     ),
     Case(
         "embedding-rank-above-hidden",
         _stages(SHARE + "    embedding_rank: 64\n"),
         ("r.yaml", "embedding_rank", "hidden size 32"),
-        xfail=SHARE_WHERE,
     ),
     # teacher folders
     Case(
