@@ -2,8 +2,39 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+import types
+import typing
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, model_validator
+
+_NUMBERS = (int, float)
+
+
+def _numeric_only(annotation: Any) -> str | None:
+    """'integer'/'number' when a field holds only numbers (optionally None), else None."""
+    if annotation in _NUMBERS:
+        return "integer" if annotation is int else "number"
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if args and all(a in _NUMBERS for a in args):
+            return "integer" if all(a is int for a in args) else "number"
+    return None
 
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_bool_for_numbers(cls, data: Any) -> Any:
+        """YAML reads yes/no/on/off as booleans; ``epochs: yes`` must not quietly become 1."""
+        if isinstance(data, dict):
+            for name, value in data.items():
+                field = cls.model_fields.get(name) if isinstance(name, str) else None
+                if field is None or not isinstance(value, bool):
+                    continue
+                kind = _numeric_only(field.annotation)
+                if kind:
+                    raise ValueError(f"{name}: input should be a valid {kind}, got {value}")
+        return data

@@ -239,10 +239,14 @@ def validation_error_line(
     """The first validation error as one line: ``file:line key: problem; fix``."""
     err = exc.errors()[0]
     loc = _clean_loc(err["loc"], data)
+    problem = _describe_error(err)
+    key = re.match(r"^([A-Za-z_][A-Za-z0-9_]*): (.*)$", problem) if err["type"] == "value_error" else None
+    if key:  # a model-level check that names its field: point at that field's line
+        loc, problem = (*loc, key.group(1)), key.group(2)
     line = line_for(lines, loc)
     where = f"{path}:{line}" if line else str(path)
     extra = f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
-    return f"{where} {format_loc(loc)}: {_describe_error(err)}{extra}"
+    return f"{where} {format_loc(loc)}: {problem}{extra}"
 
 
 def parse_override(text: str) -> tuple[list[str | int], Any]:

@@ -346,7 +346,6 @@ CASES = [
         "epochs-yes",
         _edited("epochs: 1", "epochs: yes"),
         ("stages[0].epochs", "integer"),
-        xfail="bool accepted as int: see /work/notes/issue9-fixes.md (config.py)",
     ),
     Case("lr-not-a-number", _edited("epochs: 1", "epochs: 1\n    lr: fast"), ("stages[0].lr", "number")),
     Case(
