@@ -89,11 +89,16 @@ def _judge(
     return Verdict(gate, name, value, threshold, "pass" if ok else "fail", detail)
 
 
+def _applies(entry: Entry, gates: GatesConfig | None) -> bool:
+    """Whether the recipe's ``apply_to`` globs select this artifact (all of them without gates)."""
+    return gates is None or any(fnmatch.fnmatchcase(entry["name"], pattern) for pattern in gates.apply_to)
+
+
 def absolute_verdicts(report: dict[str, Any], gates: GatesConfig) -> list[Verdict]:
     teacher = report.get("teacher")
     out = []
     for entry in report.get("artifacts", []):
-        if not any(fnmatch.fnmatchcase(entry["name"], pattern) for pattern in gates.apply_to):
+        if not _applies(entry, gates):
             continue
         for gate, (value_of, is_min) in ABSOLUTE.items():
             threshold = getattr(gates, gate)
@@ -102,8 +107,11 @@ def absolute_verdicts(report: dict[str, Any], gates: GatesConfig) -> list[Verdic
     return out
 
 
-def budget_verdicts(report: dict[str, Any]) -> list[Verdict]:
-    """Each artifact against its target profile's budgets, whether or not the recipe has gates.
+def budget_verdicts(report: dict[str, Any], gates: GatesConfig | None = None) -> list[Verdict]:
+    """Each shipped artifact against its target profile's budgets, whether or not the recipe has gates.
+
+    With ``gates.apply_to``, only the artifacts it selects are judged: a float export that a later
+    quantize stage replaces is an intermediate, not what goes on the board.
 
     Latency is judged on the board's own numbers when device results were merged, otherwise on
     the host's (a host usually outruns the board, so a host miss is a real miss).
@@ -113,6 +121,8 @@ def budget_verdicts(report: dict[str, Any]) -> list[Verdict]:
         on_device.setdefault(row["artifact"], []).append(row)
     out = []
     for entry in report.get("artifacts", []):
+        if not _applies(entry, gates):
+            continue
         budgets, name = entry.get("budgets") or {}, entry["name"]
         if "max_bytes" in budgets:
             out.append(_judge("target.max_bytes", name, entry.get("bytes"), budgets["max_bytes"], False))
@@ -174,7 +184,7 @@ def check_gates(
     """Every verdict for ``report``: target budgets, absolute gates, then regressions against ``baseline``."""
     if isinstance(gates, dict):
         gates = GatesConfig.model_validate(gates)
-    verdicts = budget_verdicts(report) + (absolute_verdicts(report, gates) if gates else [])
+    verdicts = budget_verdicts(report, gates) + (absolute_verdicts(report, gates) if gates else [])
     if baseline is not None:
         rules = gates.baseline if gates and gates.baseline else BaselineGates()
         verdicts += baseline_verdicts(report, baseline, rules)

@@ -239,3 +239,14 @@ def test_target_budgets_are_checked_without_recipe_gates_and_prefer_device_laten
     ]
     device = by_key(check_gates(report, None))[("target.max_latency_p50_ms", "03-export/pi4-int8")]
     assert device.failed and device.value == 31.0 and "Raspberry Pi 4" in device.detail
+
+
+def test_target_budgets_follow_apply_to():
+    """A float intermediate that the recipe's apply_to leaves out is not judged against the budget."""
+    report = make_report()
+    for entry in report["artifacts"]:
+        entry["budgets"] = {"max_bytes": 1}
+    names = [entry["name"] for entry in report["artifacts"]]
+    verdicts = by_key(check_gates(report, GatesConfig(apply_to=["*int8*"])))
+    judged = {artifact for gate, artifact in verdicts if gate == "target.max_bytes"}
+    assert judged == {name for name in names if "int8" in name} and judged != set(names)
