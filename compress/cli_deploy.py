@@ -71,6 +71,14 @@ def _texts(run_dir: Path | None, data: Path | None) -> tuple[list[str], list[str
     help="Where the emulated arm64 root is kept between runs [default: ~/.cache/compress/arm64-root].",
 )
 @click.option("--out", type=click.Path(path_type=Path, dir_okay=False), help="Also write the result as JSON.")
+@click.option(
+    "--tie-margin",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    show_default=True,
+    help="Accept a differing label when the host's top two logits are this close (int8 kernels of two "
+    "interpreter versions differ slightly); every difference is still printed.",
+)
 @click.pass_context
 def verify_arm_cmd(
     ctx: click.Context,
@@ -79,13 +87,14 @@ def verify_arm_cmd(
     data: Path | None,
     cache: Path | None,
     out: Path | None,
+    tie_margin: float,
 ) -> None:
     """Run BUNDLE on emulated arm64 (bookworm under qemu) with each of its interpreters; labels must agree."""
     from compress.arm import verify_arm
     from compress.io import write_json_atomic
 
     texts, pairs, source = _texts(run_dir, data)
-    result = verify_arm(bundle, texts, pairs, root_cache=cache)
+    result = verify_arm(bundle, texts, pairs, root_cache=cache, tie_margin=tie_margin)
     click.echo(
         f"{bundle}: {_megabytes(result['bundle_bytes'])}, {result['artifact']}; "
         f"{len(texts)} texts from {source}"
@@ -102,7 +111,10 @@ def verify_arm_cmd(
             f"({host['name']} {host['version']}), max |logit diff| {run['max_abs_logit_diff']:.2e}"
         )
         if run["first_differing_lines"]:
-            click.echo(f"    labels differ on text lines {run['first_differing_lines']} (first 10)")
+            click.echo(
+                f"    labels differ on text lines {run['first_differing_lines']} (first 10); host margins "
+                f"{run['host_margins']}; {run['near_ties']} within --tie-margin {tie_margin}"
+            )
     if out is not None:
         write_json_atomic(out, result)
     if not result["ok"]:

@@ -27,8 +27,10 @@ def test_compare_counts_label_agreement_and_logit_drift():
     assert arm.compare(host, emulated) == {
         "agree": 1,
         "total": 2,
+        "near_ties": 0,
         "max_abs_logit_diff": 1.0,
         "first_differing_lines": [2],
+        "host_margins": {"2": 1.0},
     }
 
 
@@ -47,3 +49,18 @@ def test_verify_arm_needs_texts_to_compare_on(tmp_path: Path):
     result = CliRunner().invoke(verify_arm_cmd, [str(bundle)])
     assert result.exit_code != 0
     assert "--run RUN (its eval split) or --data FILE" in str(result.exception)
+
+
+def test_compare_counts_only_close_calls_as_near_ties():
+    from compress.arm import compare
+
+    host = [
+        {"label": "pos", "logits": [0.0, 0.1]},  # margin 0.1: a near tie
+        {"label": "pos", "logits": [0.0, 2.0]},  # margin 2.0: a real disagreement
+        {"label": "neg", "logits": [1.0, 0.0]},
+    ]
+    arm = [{"label": "neg", "logits": [0.1, 0.0]}, {"label": "neg", "logits": [2.0, 0.0]}, host[2]]
+    strict = compare(host, arm)
+    assert strict["agree"] == 1 and strict["near_ties"] == 0 and strict["first_differing_lines"] == [1, 2]
+    loose = compare(host, arm, tie_margin=0.5)
+    assert loose["near_ties"] == 1 and loose["host_margins"] == {"1": 0.1, "2": 2.0}
