@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import Field
 
 from compress.distill.config import DistillOptions
-from compress.errors import ModelError, RecipeError
+from compress.errors import DataError, ModelError, RecipeError
 from compress.models import count_parameters, load_classifier, save_checkpoint
 from compress.stages import register_stage
 from compress.stages.base import StageConfig, StageContext, StageResult
@@ -40,6 +40,13 @@ def run(ctx: StageContext) -> StageResult:
     source, tokenizer = load_classifier(
         ctx.input_dir, trust_remote_code=teacher_cfg.trust_remote_code, allow_pickle=teacher_cfg.allow_pickle
     )
+    train, teacher_labels = ctx.split("train"), source.config.num_labels
+    if train.labels is not None and len(train.label_names) > teacher_labels:
+        raise DataError(
+            f"{train.source}: the data has {len(train.label_names)} labels {train.label_names} but the "
+            f"teacher has {teacher_labels}; distil a teacher trained on these labels (add a finetune "
+            "stage) or fix the data"
+        )
     set_seed(ctx.seed)
     try:
         student, built = build_student(

@@ -459,7 +459,6 @@ CASES = [
             x=NO_TASK_LABELS,
         ),
         ("three.tsv", "teacher", "labels"),
-        xfail="distill trains on labels the teacher lacks: see /work/notes/issue9-fixes.md",
     ),
     Case("data-not-utf8", _data("latin.tsv", b"sentence\tlabel\ncaf\xe9\t1\n"), ("latin.tsv", "utf-8")),
     Case(
