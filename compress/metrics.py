@@ -34,7 +34,14 @@ def task_metrics(logits: np.ndarray, labels: list[int], label_names: list[str]) 
             "correct": tp,
         }
         f1s.append(_f1(tp, fp, fn))
-    out: dict[str, Any] = {"accuracy": float((pred == gold).mean()), "macro_f1": float(np.mean(f1s))}
+    # Macro F1 averages over classes that occur in the gold labels or the predictions: a class absent
+    # from both (e.g. a single-class eval split) has no F1 to speak of.
+    seen = [
+        f
+        for idx, f in enumerate(f1s)
+        if per_class[label_names[idx]]["support"] or per_class[label_names[idx]]["predicted"]
+    ]
+    out: dict[str, Any] = {"accuracy": float((pred == gold).mean()), "macro_f1": float(np.mean(seen or f1s))}
     if len(label_names) == 2:
         out["f1"] = float(f1s[1])
     out["per_class"] = per_class

@@ -142,11 +142,6 @@ def test_single_class_eval_split_gives_sensible_metrics(tmp_path, tiny_bert_dir,
             assert 0.0 <= metrics[key] <= 1.0, (entry["name"], key, metrics[key])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="macro F1 counts a class with no support and no predictions as F1 0; "
-    "see /work/notes/issue9-fixes.md (compress/metrics.py)",
-)
 def test_macro_f1_ignores_a_class_absent_from_gold_and_predictions():
     """All eval rows are 'positive' and the model predicts all of them right: that is a perfect score."""
     import numpy as np
