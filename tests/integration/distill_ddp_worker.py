@@ -8,6 +8,7 @@ import os
 import sys
 from pathlib import Path
 
+import compress.distill.trainer as trainer
 import compress.stages.distill as stage
 from compress.models import resolve_teacher
 from compress.recipe import load_recipe, recipe_dir
@@ -18,13 +19,13 @@ def main(recipe_path: str, work: str) -> None:
     recipe, work_dir, rank = load_recipe(recipe_path), Path(work), int(os.environ["RANK"])
     teacher = resolve_teacher(recipe.teacher, recipe_dir(recipe))
     students = []
-    real = stage.distill_model
+    real = trainer.distill_model
 
     def spy(student, *args, **kwargs):
         students.append(student)
         return real(student, *args, **kwargs)
 
-    stage.distill_model = spy
+    trainer.distill_model = spy  # the stage imports it from the trainer when it runs
     out = work_dir / f"out-{rank}"
     out.mkdir(parents=True)
     ctx = StageContext(
