@@ -215,7 +215,11 @@ def verify_arm(
             result = run_env(root, install_env(root, requirements), folder, data, timeout)
             rows = result.pop("rows", None)
             runs.append(
-                {"requirements": requirements.name, **result, **(compare(host, rows) if rows else {})}
+                {
+                    "requirements": requirements.name,
+                    **result,
+                    **(compare(host, rows, tie_margin) if rows else {}),
+                }
             )
         return {
             "bundle": str(bundle),
