@@ -1,7 +1,7 @@
 """compress against what users would pick instead, on SST-2 and MRPC dev, measured in one run.
 
-    python -m benchmarks.suite --shared ../shared                  # full suite -> benchmarks/results/
-    python -m benchmarks.suite --shared ../shared --quick          # small slices: checks the harness only
+    python benchmarks/suite.py --shared ../shared            # full suite -> benchmarks/results/
+    python benchmarks/suite.py --shared ../shared --quick    # small slices: checks the harness only
 
 Rows per task: the teacher in float (PyTorch, ONNX Runtime, TFLite); the teacher through the int8
 one-liners (onnxruntime dynamic per-channel, ai-edge-quantizer dynamic, neural-compressor PT2E
@@ -27,6 +27,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+if not __package__:  # run as ``python benchmarks/suite.py``: make the repository importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import compress_rows, hardware, peers, render, rows, torch_int8
 
@@ -322,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     results = {
         "schema": "compress.benchmarks/1",
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "command": "python -m benchmarks.suite " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": "python benchmarks/suite.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "quick": args.quick,
         "host": {"cpu": cpu_model(), "machine": platform.machine(), "threads": args.threads},
         "versions": library_versions(),
