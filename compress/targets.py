@@ -15,12 +15,17 @@ from pydantic import Field, ValidationError, model_validator
 from compress.config import Strict
 from compress.errors import RecipeError
 
-Scheme = Literal["dynamic", "static"]
+Scheme = Literal["weight-only", "dynamic", "static"]
 
 
 class QuantizationRules(Strict):
     schemes: list[Scheme] = Field(default_factory=lambda: ["dynamic", "static"], min_length=1)
+    """Schemes allowed on this target. weight-only (TFLite): int8 weights dequantized at load time,
+    float compute; dynamic: int8 weights with activations quantized at run time; static: int8
+    weights and calibrated int8 activations."""
     granularity: Literal["per-channel", "per-tensor"] = "per-channel"
+    """Weight granularity for the integer kernels (dynamic, static); weight-only is always
+    per-channel, since the weights are dequantized before any kernel sees them."""
     activations: Literal["int8", "uint8"] = "int8"
     float_fallback: bool = True
 
@@ -50,6 +55,11 @@ class TargetProfile(Strict):
             raise ValueError(f"format {self.format} cannot run on runtime {self.runtime}")
         if any(length <= 0 or length > 8192 for length in self.sequence_lengths):
             raise ValueError("sequence_lengths must be between 1 and 8192")
+        if self.format == "onnx" and "weight-only" in self.quantization.schemes:
+            raise ValueError(
+                "quantization.schemes: weight-only is a TFLite scheme (onnxruntime has no int8 "
+                "weight-only MatMul); use dynamic for onnx targets"
+            )
         if self.format == "tflite" and self.input_dtype != "int32":
             raise ValueError("tflite targets need input_dtype int32 (mobile runtimes reject int64)")
         return self

@@ -24,6 +24,9 @@ from compress.stages.export import artifact_name, check_texts, export_float, loa
 log = logging.getLogger(__name__)
 
 
+SchemeName = Literal["weight-only", "dynamic", "static", "auto"]
+
+
 class Calibration(Strict):
     samples: int = Field(128, gt=0)
     """Training-split texts used to calibrate activation ranges (static and auto)."""
@@ -33,9 +36,12 @@ class Calibration(Strict):
 
 class QuantizeConfig(StageConfig):
     type: Literal["quantize"] = "quantize"
-    scheme: Literal["dynamic", "static", "auto"] = "dynamic"
-    """dynamic: int8 weights; static: int8 weights and activations; auto: static with the most
-    sensitive layers kept float, found by an accuracy-aware search within tolerable_loss."""
+    scheme: SchemeName | dict[str, SchemeName] = "dynamic"
+    """One scheme for every target, or a mapping from target name to scheme. weight-only: int8
+    weights dequantized at load, float compute (TFLite; identical on every interpreter); dynamic:
+    int8 weights, activations quantized at run time; static: int8 weights and activations; auto:
+    static with the most sensitive layers kept float, found by an accuracy-aware search within
+    tolerable_loss."""
     targets: list[str] | None = None
     calibration: Calibration = Field(default_factory=Calibration)
     op_types: list[str] | None = None
@@ -57,17 +63,30 @@ class QuantizeConfig(StageConfig):
     """auto: how many float-layer candidates the search may try."""
 
 
+def scheme_for(config: QuantizeConfig, target: str) -> str:
+    """The scheme this stage applies to ``target`` (a mapping must name every target it quantizes)."""
+    if isinstance(config.scheme, str):
+        return config.scheme
+    if target not in config.scheme:
+        raise RecipeError(
+            f"quantize.scheme: no scheme for target '{target}' (the mapping names "
+            f"{sorted(config.scheme)}); add '{target}: <scheme>' or give one scheme for all targets"
+        )
+    return config.scheme[target]
+
+
 def check_scheme(profile: Any, config: QuantizeConfig) -> None:
     """The target profile decides which schemes may ship to it."""
-    needed = "static" if config.scheme == "auto" else config.scheme
+    scheme = scheme_for(config, profile.name)
+    needed = "static" if scheme == "auto" else scheme
     allowed = profile.quantization.schemes
     if needed not in allowed:
         raise RecipeError(
-            f"quantize.scheme: target '{profile.name}' allows {allowed}, not '{config.scheme}'; "
+            f"quantize.scheme: target '{profile.name}' allows {allowed}, not '{scheme}'; "
             "use an allowed scheme or drop the target from this stage"
         )
-    keeps_float = config.scheme == "auto" or config.float_layers or config.exclude_nodes
-    if keeps_float and config.scheme != "dynamic" and not profile.quantization.float_fallback:
+    keeps_float = scheme == "auto" or config.float_layers or config.exclude_nodes
+    if keeps_float and scheme not in ("dynamic", "weight-only") and not profile.quantization.float_fallback:
         raise RecipeError(
             f"quantize: target '{profile.name}' has float_fallback: false, so no layer may stay "
             "float; remove float_layers/exclude_nodes or use scheme: static"
@@ -138,11 +157,14 @@ def quantize_target(
     from compress.io import read_json
 
     float_manifest = read_json(float_dir / "manifest.json")
-    per_channel = profile.quantization.granularity == "per-channel"
+    chosen = scheme_for(config, profile.name)
+    scheme = "static" if chosen == "auto" else chosen
+    # the profile's granularity rule is for integer kernels; weight-only computes in float
+    per_channel = profile.quantization.granularity == "per-channel" or scheme == "weight-only"
     name = artifact_name(ctx, out.name)
+    search = search if chosen == "auto" else None
     float_layers = search.float_layers if search else list(config.float_layers)
     texts, pairs = calibration_rows(ctx, config.calibration.samples)
-    scheme = "static" if config.scheme == "auto" else config.scheme
     if profile.format == "onnx":
         if search is not None:
             from compress.quantize.pt2e_onnx import export_search_winner
@@ -217,6 +239,13 @@ def model_bytes(folder: Path) -> int:
 def run(ctx: StageContext) -> StageResult:
     config: QuantizeConfig = ctx.config  # type: ignore[assignment]
     profiles = stage_targets(ctx, config.targets, "quantize.targets")
+    if isinstance(config.scheme, dict):
+        extra = sorted(set(config.scheme) - {profile.name for profile in profiles})
+        if extra:
+            raise RecipeError(
+                f"quantize.scheme: '{extra[0]}' is not a target of this stage "
+                f"({', '.join(p.name for p in profiles)}); remove it or add it to targets"
+            )
     for profile in profiles:
         check_scheme(profile, config)
     model, tokenizer = load_input_model(ctx)
@@ -225,7 +254,7 @@ def run(ctx: StageContext) -> StageResult:
     names = input_names(model)
     rows = eval_rows(ctx, config.eval_samples)
     search = None
-    if config.scheme == "auto":
+    if any(scheme_for(config, profile.name) == "auto" for profile in profiles):
         from compress.quantize.search import search_float_layers
 
         search = search_float_layers(
@@ -250,7 +279,7 @@ def run(ctx: StageContext) -> StageResult:
             **measured,
             "bytes": model_bytes(out),
             "float_bytes": model_bytes(float_dir),
-            "scheme": config.scheme,
+            "scheme": scheme_for(config, profile.name),
             "float_layers": manifest["quantization"]["float_layers"],
         }
     info = {

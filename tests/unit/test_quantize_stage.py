@@ -34,6 +34,27 @@ def test_a_scheme_the_target_does_not_allow_is_a_one_line_error():
     check_scheme(board(["dynamic"]), QuantizeConfig(scheme="dynamic"))
 
 
+def test_a_scheme_mapping_gives_each_target_its_own_scheme():
+    config = QuantizeConfig(scheme={"npu-board": "weight-only", "arm64-onnx": "dynamic"})
+    check_scheme(board(["weight-only"]), config)
+    with pytest.raises(RecipeError, match="no scheme for target 'other'"):
+        check_scheme(board(["dynamic"]).model_copy(update={"name": "other"}), config)
+    with pytest.raises(RecipeError, match="allows \\['dynamic'\\], not 'weight-only'"):
+        check_scheme(board(["dynamic"]), config)
+
+
+def test_weight_only_is_refused_for_onnx_targets():
+    with pytest.raises(ValueError, match="weight-only is a TFLite scheme"):
+        TargetProfile(
+            name="board",
+            format="onnx",
+            runtime="onnxruntime",
+            sequence_lengths=[16],
+            input_dtype="int64",
+            quantization={"schemes": ["weight-only"]},
+        )
+
+
 def test_a_target_without_float_fallback_refuses_float_layers():
     with pytest.raises(RecipeError, match="float_fallback: false"):
         check_scheme(board(["static"], float_fallback=False), QuantizeConfig(scheme="auto"))
@@ -63,7 +84,7 @@ def test_candidates_grow_from_no_float_layer():
     assert candidate_counts(0, 6) == [0]
 
 
-def run_tiny(tmp_path, tiny_bert_dir, reviews, stage: str):
+def run_tiny(tmp_path, tiny_bert_dir, reviews, stage: str, targets: str = "arm64-onnx"):
     from compress.pipeline import run_recipe
     from compress.recipe import load_recipe
 
@@ -72,7 +93,7 @@ def run_tiny(tmp_path, tiny_bert_dir, reviews, stage: str):
         teacher=tiny_bert_dir,
         data=reviews,
         stages=stage,
-        extra="targets: [arm64-onnx]\n",
+        extra=f"targets: [{targets}]\n",
     )
     return run_recipe(load_recipe(path), tmp_path / "runs")
 
@@ -125,3 +146,22 @@ def test_auto_searches_float_layers_and_ships_an_int8_onnx(tmp_path, tiny_bert_d
     assert any(i.data_type == onnx.TensorProto.INT8 for i in graph.initializer)
     metrics = read_json(stage.dir / "manifest.json")["metrics"]["artifacts"]["arm64-onnx-int8"]
     assert metrics["agreement"] >= 0.99 and metrics["bytes"] < metrics["float_bytes"]
+
+
+@pytest.mark.slow
+def test_a_scheme_per_target_ships_weight_only_tflite_beside_dynamic_onnx(tmp_path, tiny_bert_dir, reviews):
+    stage_yaml = "  - type: quantize\n    scheme: {arm64-onnx: dynamic, raspberry-pi-4: weight-only}\n"
+    result = run_tiny(tmp_path, tiny_bert_dir, reviews, stage_yaml, targets="arm64-onnx, raspberry-pi-4")
+    stage = next(s for s in result.stages if s.type == "quantize")
+    metrics = read_json(stage.dir / "manifest.json")["metrics"]["artifacts"]
+    assert metrics["arm64-onnx-int8"]["scheme"] == "dynamic"
+    assert metrics["raspberry-pi-4-int8"]["scheme"] == "weight-only"
+    assert metrics["raspberry-pi-4-int8"]["agreement"] == 1.0
+    quantization = read_json(stage.dir / "raspberry-pi-4-int8" / "manifest.json")["quantization"]
+    assert quantization["granularity"] == "per-channel" and quantization["activations"] == "float"
+
+
+def test_a_scheme_for_a_target_the_stage_does_not_quantize_is_an_error(tmp_path, tiny_bert_dir, reviews):
+    stage_yaml = "  - type: quantize\n    scheme: {arm64-onnx: dynamic, android-arm64: dynamic}\n"
+    with pytest.raises(RecipeError, match="'android-arm64' is not a target of this stage"):
+        run_tiny(tmp_path, tiny_bert_dir, reviews, stage_yaml)

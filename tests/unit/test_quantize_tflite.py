@@ -62,6 +62,34 @@ def test_int8_keeps_float_logits_and_stays_close(tmp_path, tiny_tflite, scheme):
     assert got.dtype == np.float32 and np.abs(got - ref).max() < 0.05
 
 
+def test_weight_only_stores_int8_weights_and_computes_in_float(tmp_path, tiny_tflite):
+    float_dir, _ = tiny_tflite
+    manifest = quantize_tflite(float_dir, tmp_path / "wo", scheme="weight-only")
+    quantization = manifest["quantization"]
+    assert quantization["scheme"] == "weight-only" and quantization["activations"] == "float"
+    model = tmp_path / "wo" / "model.tflite"
+    assert int8_tensor_count(model) > 0
+    dynamic = quantize_tflite(float_dir, tmp_path / "dyn", scheme="dynamic")
+    assert dynamic["quantization"]["activations"] == "dynamic"
+    # the same weights stored as int8 as with dynamic-range; only the compute differs
+    assert int8_bytes(model) == int8_bytes(tmp_path / "dyn" / "model.tflite")
+    assert model.stat().st_size < (float_dir / "model.tflite").stat().st_size
+    from ai_edge_litert.interpreter import Interpreter
+
+    ops = {op["op_name"] for op in Interpreter(model_path=str(model))._get_ops_details()}
+    assert "DEQUANTIZE" in ops
+    got = predict_logits(tmp_path / "wo", SAMPLE_TEXTS, None)
+    ref = predict_logits(float_dir, SAMPLE_TEXTS, None)
+    assert np.abs(got - ref).max() < 0.01
+
+
+def int8_bytes(path) -> int:
+    from ai_edge_litert.interpreter import Interpreter
+
+    details = Interpreter(model_path=str(path)).get_tensor_details()
+    return sum(int(np.prod(d["shape"])) for d in details if np.dtype(d["dtype"]) == np.int8)
+
+
 def int8_tensor_count(path) -> int:
     from ai_edge_litert.interpreter import Interpreter
 
