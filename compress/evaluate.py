@@ -76,6 +76,8 @@ def run_worker(
         request = {
             "model": str(subject.path),
             "kind": "torch" if subject.format == "torch" else "artifact",
+            "allow_pickle": subject.allow_pickle,
+            "trust_remote_code": subject.trust_remote_code,
             "texts": split.texts,
             "pairs": split.pairs,
             "threads": threads,

@@ -40,7 +40,9 @@ def peak_rss_bytes() -> int:
     return int(peak if sys.platform == "darwin" else peak * 1024)
 
 
-def load_torch(path: str, threads: int, max_length: int) -> tuple[Predict, dict[str, Any]]:
+def load_torch(
+    path: str, threads: int, max_length: int, *, allow_pickle: bool = False, trust_remote_code: bool = False
+) -> tuple[Predict, dict[str, Any]]:
     """A checkpoint as a predict function; tokenising is part of each call, as it is on a device."""
     import torch
 
@@ -48,7 +50,8 @@ def load_torch(path: str, threads: int, max_length: int) -> tuple[Predict, dict[
     from compress.training import forward_inputs
 
     torch.set_num_threads(threads)
-    model, tokenizer = load_classifier(path)  # share-stage checkpoints come back with their ties
+    # share-stage checkpoints come back with their ties; pickle or remote code only if the recipe opted in
+    model, tokenizer = load_classifier(path, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
 
     @torch.inference_mode()
     def predict(texts: list[str], pairs: list[str] | None) -> np.ndarray:
@@ -126,7 +129,13 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
     threads = request["threads"]
     before_load = peak_rss_bytes()
     if request["kind"] == "torch":
-        predict, info = load_torch(request["model"], threads, request["max_length"])
+        predict, info = load_torch(
+            request["model"],
+            threads,
+            request["max_length"],
+            allow_pickle=request.get("allow_pickle", False),
+            trust_remote_code=request.get("trust_remote_code", False),
+        )
     else:
         predict, info = load_artifact(request["model"], threads)
     logits, stats = measure(predict, request)

@@ -7,7 +7,7 @@ produced (``produces: model|artifacts``); a run says which stage folders belong 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -30,6 +30,9 @@ class Subject:
     label_names: list[str]
     target: str | None = None
     precision: str = "fp32"
+    allow_pickle: bool = False
+    """Only for a recipe teacher that opts in (``teacher.allow_pickle``); stage checkpoints are safetensors."""
+    trust_remote_code: bool = False
 
 
 def subject_at(path: str | Path, *, teacher: bool = False, name: str | None = None) -> Subject:
@@ -115,8 +118,23 @@ def run_subjects(run_dir: str | Path, recipe: Any | None = None) -> list[Subject
                 if (sub / "manifest.json").is_file()
                 and read_json(sub / "manifest.json").get("kind") == "artifact"
             ]
-    teacher = teacher or _recipe_teacher(run_dir, recipe)
-    return [subject_at(teacher, teacher=True, name="teacher"), *found]
+    if teacher is not None:
+        return [subject_at(teacher, teacher=True, name="teacher"), *found]
+    subject = subject_at(_recipe_teacher(run_dir, recipe), teacher=True, name="teacher")
+    return [replace(subject, **_teacher_load_options(run_dir, recipe)), *found]
+
+
+def _teacher_load_options(run_dir: Path, recipe: Any | None) -> dict[str, bool]:
+    """What the recipe allows when loading its own teacher (pickle weights, remote code)."""
+    if recipe is None:
+        try:
+            recipe = recipe_of_run(run_dir)
+        except CompressError:  # the recipe file moved: load the teacher with the safe defaults
+            return {}
+    return {
+        "allow_pickle": recipe.teacher.allow_pickle,
+        "trust_remote_code": recipe.teacher.trust_remote_code,
+    }
 
 
 def is_run(path: str | Path) -> bool:

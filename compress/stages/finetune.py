@@ -40,6 +40,21 @@ def _copy_files(source: Path, dest: Path) -> None:
             shutil.copy2(item, dest / item.name)
 
 
+def _copy_teacher(ctx: StageContext) -> None:
+    """The teacher as this stage's checkpoint; pickle weights (allowed by the recipe) are unpickled
+    here once and saved as safetensors, so no later stage or evaluation ever unpickles."""
+    from compress.models import WEIGHT_FILES_SAFE, load_classifier, save_checkpoint
+
+    if any((ctx.teacher_dir / name).is_file() for name in WEIGHT_FILES_SAFE):
+        _copy_files(ctx.teacher_dir, ctx.out_dir)
+        return
+    teacher = ctx.recipe.teacher
+    model, tokenizer = load_classifier(
+        ctx.teacher_dir, trust_remote_code=teacher.trust_remote_code, allow_pickle=teacher.allow_pickle
+    )
+    save_checkpoint(model, tokenizer, ctx.out_dir)
+
+
 def _train(ctx: StageContext, cfg: FinetuneConfig, best_dir: Path) -> dict:
     """The training loop; the best epoch is saved to ``best_dir``, outside the stage's temporary folder."""
     import torch
@@ -140,7 +155,7 @@ def run(ctx: StageContext) -> StageResult:
     if train.labels is None:
         raise DataError(f"{train.source}: finetune needs a label column in the training data")
     if cfg.when == "untrained" and is_classifier(ctx.teacher_dir, len(train.label_names)):
-        _copy_files(ctx.teacher_dir, ctx.out_dir)
+        _copy_teacher(ctx)
         return StageResult(info={"skipped": "the teacher is already a classifier for the task's labels"})
     best_dir = ctx.cache_dir / "finetune" / f"best-{ctx.index:02d}"
     metrics = _train(ctx, cfg, best_dir)
