@@ -99,15 +99,20 @@ def run_recipe_process(
 
 def step_labels(run_dir: Path, teacher_layers: int) -> dict[str, str]:
     """``{stage folder: "distil 6→3 + share + int8"}``: what has been done to the model by that stage."""
-    steps: list[str] = []
+    steps: list[str] = ["teacher"]
     labels = {}
     for stage in read_json(run_dir / "run.json")["stages"]:
         config = read_json(run_dir / stage["dir"] / "manifest.json")["config"]
         if stage["type"] == "distill":
             steps = [f"distil {teacher_layers}→{config['layers']}"]
+        elif stage["type"] == "quantize":  # several quantize stages each start from the same checkpoint
+            scheme = config.get("scheme", "dynamic")
+            name = f"int8 {scheme}" if isinstance(scheme, str) and scheme != "dynamic" else "int8"
+            labels[stage["dir"]] = " + ".join([*steps, name])
+            continue
         elif stage["type"] in STEP_NAMES:
             steps.append(STEP_NAMES[stage["type"]])
-        labels[stage["dir"]] = " + ".join(steps) or stage["type"]
+        labels[stage["dir"]] = " + ".join(steps)
     return labels
 
 

@@ -31,7 +31,7 @@ class Subject:
     target: str | None = None
     precision: str = "fp32"
     allow_pickle: bool = False
-    """Only for a recipe teacher that opts in (``teacher.allow_pickle``); stage checkpoints are safetensors."""
+    """Only for a recipe teacher that opts in (``teacher.allow_pickle``); checkpoints are safetensors."""
     trust_remote_code: bool = False
 
 

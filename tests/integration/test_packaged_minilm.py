@@ -21,8 +21,9 @@ def test_packaged_minilm_loads_offline_and_embeds_meaning():
     model, tokenizer = load_classifier(folder, num_labels=2, label_names=["negative", "positive"])
     assert model.config.num_hidden_layers == 6 and model.config.hidden_size == 384
     assert 22_000_000 < count_parameters(model) < 23_000_000
-    a, b, c = embed(model, tokenizer, ["A man is eating food.", "A man is eating a meal.",
-                                        "The girl is carrying a baby."])
+    a, b, c = embed(
+        model, tokenizer, ["A man is eating food.", "A man is eating a meal.", "The girl is carrying a baby."]
+    )
     # Pretrained sentence embeddings put paraphrases close and unrelated sentences far apart;
     # random weights would not.
     assert float(a @ b) > 0.7 > float(a @ c) + 0.3
