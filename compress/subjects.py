@@ -126,11 +126,10 @@ def run_subjects(run_dir: str | Path, recipe: Any | None = None) -> list[Subject
 
 def _teacher_load_options(run_dir: Path, recipe: Any | None) -> dict[str, bool]:
     """What the recipe allows when loading its own teacher (pickle weights, remote code)."""
-    if recipe is None:
-        try:
-            recipe = recipe_of_run(run_dir)
-        except CompressError:  # the recipe file moved: load the teacher with the safe defaults
-            return {}
+    if recipe is None:  # recorded in run.json by the run; an older run loads with the safe defaults
+        run_file = run_dir / "run.json"
+        options = read_json(run_file).get("teacher_load", {}) if run_file.is_file() else {}
+        return {k: bool(options[k]) for k in ("allow_pickle", "trust_remote_code") if k in options}
     return {
         "allow_pickle": recipe.teacher.allow_pickle,
         "trust_remote_code": recipe.teacher.trust_remote_code,
