@@ -63,21 +63,27 @@ class QuantizeConfig(StageConfig):
     """auto: how many float-layer candidates the search may try."""
 
 
-def scheme_for(config: QuantizeConfig, target: str) -> str:
-    """The scheme this stage applies to ``target`` (a mapping must name every target it quantizes)."""
+def schemes_by_target(config: QuantizeConfig, targets: list[str]) -> dict[str, str]:
+    """The scheme this stage applies to each target; a mapping must name exactly the stage's targets."""
     if isinstance(config.scheme, str):
-        return config.scheme
-    if target not in config.scheme:
+        return dict.fromkeys(targets, config.scheme)
+    extra = sorted(set(config.scheme) - set(targets))
+    if extra:
         raise RecipeError(
-            f"quantize.scheme: no scheme for target '{target}' (the mapping names "
-            f"{sorted(config.scheme)}); add '{target}: <scheme>' or give one scheme for all targets"
+            f"quantize.scheme: '{extra[0]}' is not a target of this stage "
+            f"({', '.join(targets)}); remove it or add it to targets"
         )
-    return config.scheme[target]
+    missing = [t for t in targets if t not in config.scheme]
+    if missing:
+        raise RecipeError(
+            f"quantize.scheme: no scheme for target '{missing[0]}' (the mapping names "
+            f"{sorted(config.scheme)}); add '{missing[0]}: <scheme>' or give one scheme for all targets"
+        )
+    return {t: config.scheme[t] for t in targets}
 
 
-def check_scheme(profile: Any, config: QuantizeConfig) -> None:
+def check_scheme(profile: Any, config: QuantizeConfig, scheme: str) -> None:
     """The target profile decides which schemes may ship to it."""
-    scheme = scheme_for(config, profile.name)
     needed = "static" if scheme == "auto" else scheme
     allowed = profile.quantization.schemes
     if needed not in allowed:
@@ -151,13 +157,13 @@ def quantize_target(
     out: Path,
     tokenizer: Any,
     names: list[str],
+    chosen: str,
     search: Any | None,
 ) -> dict[str, Any]:
-    """Write the int8 artifact for one target; return its manifest."""
+    """Write the int8 artifact for one target with scheme ``chosen``; return its manifest."""
     from compress.io import read_json
 
     float_manifest = read_json(float_dir / "manifest.json")
-    chosen = scheme_for(config, profile.name)
     scheme = "static" if chosen == "auto" else chosen
     # the profile's granularity rule is for integer kernels; weight-only computes in float
     per_channel = profile.quantization.granularity == "per-channel" or scheme == "weight-only"
@@ -239,22 +245,16 @@ def model_bytes(folder: Path) -> int:
 def run(ctx: StageContext) -> StageResult:
     config: QuantizeConfig = ctx.config  # type: ignore[assignment]
     profiles = stage_targets(ctx, config.targets, "quantize.targets")
-    if isinstance(config.scheme, dict):
-        extra = sorted(set(config.scheme) - {profile.name for profile in profiles})
-        if extra:
-            raise RecipeError(
-                f"quantize.scheme: '{extra[0]}' is not a target of this stage "
-                f"({', '.join(p.name for p in profiles)}); remove it or add it to targets"
-            )
+    schemes = schemes_by_target(config, [profile.name for profile in profiles])
     for profile in profiles:
-        check_scheme(profile, config)
+        check_scheme(profile, config, schemes[profile.name])
     model, tokenizer = load_input_model(ctx)
     from compress.export import input_names
 
     names = input_names(model)
     rows = eval_rows(ctx, config.eval_samples)
     search = None
-    if any(scheme_for(config, profile.name) == "auto" for profile in profiles):
+    if "auto" in schemes.values():
         from compress.quantize.search import search_float_layers
 
         search = search_float_layers(
@@ -272,14 +272,15 @@ def run(ctx: StageContext) -> StageResult:
     for profile in profiles:
         float_dir = float_artifact(ctx, model, tokenizer, profile)
         out = ctx.out_dir / f"{profile.name}-int8"
-        manifest = quantize_target(ctx, config, profile, float_dir, out, tokenizer, names, search)
+        scheme = schemes[profile.name]
+        manifest = quantize_target(ctx, config, profile, float_dir, out, tokenizer, names, scheme, search)
         measured = measure(float_dir, out, rows, config.metric)
         record_agreement(out, manifest, measured)
         metrics[out.name] = {
             **measured,
             "bytes": model_bytes(out),
             "float_bytes": model_bytes(float_dir),
-            "scheme": scheme_for(config, profile.name),
+            "scheme": scheme,
             "float_layers": manifest["quantization"]["float_layers"],
         }
     info = {

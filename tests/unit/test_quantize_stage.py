@@ -9,7 +9,7 @@ from compress.export import Classifier
 from compress.io import read_json
 from compress.models import load_classifier
 from compress.quantize.search import candidate_counts, search_units
-from compress.stages.quantize import QuantizeConfig, check_scheme
+from compress.stages.quantize import QuantizeConfig, check_scheme, schemes_by_target
 from compress.targets import TargetProfile
 from tests.helpers.tiny import write_recipe
 
@@ -27,20 +27,23 @@ def board(schemes: list[str], float_fallback: bool = True) -> TargetProfile:
 
 def test_a_scheme_the_target_does_not_allow_is_a_one_line_error():
     with pytest.raises(RecipeError, match="target 'npu-board' allows \\['dynamic'\\], not 'static'") as info:
-        check_scheme(board(["dynamic"]), QuantizeConfig(scheme="static"))
+        check_scheme(board(["dynamic"]), QuantizeConfig(scheme="static"), "static")
     assert "\n" not in str(info.value)
     with pytest.raises(RecipeError, match="not 'auto'"):
-        check_scheme(board(["dynamic"]), QuantizeConfig(scheme="auto"))
-    check_scheme(board(["dynamic"]), QuantizeConfig(scheme="dynamic"))
+        check_scheme(board(["dynamic"]), QuantizeConfig(scheme="auto"), "auto")
+    check_scheme(board(["dynamic"]), QuantizeConfig(scheme="dynamic"), "dynamic")
 
 
 def test_a_scheme_mapping_gives_each_target_its_own_scheme():
     config = QuantizeConfig(scheme={"npu-board": "weight-only", "arm64-onnx": "dynamic"})
-    check_scheme(board(["weight-only"]), config)
-    with pytest.raises(RecipeError, match="no scheme for target 'other'"):
-        check_scheme(board(["dynamic"]).model_copy(update={"name": "other"}), config)
+    schemes = schemes_by_target(config, ["npu-board", "arm64-onnx"])
+    assert schemes == {"npu-board": "weight-only", "arm64-onnx": "dynamic"}
+    check_scheme(board(["weight-only"]), config, schemes["npu-board"])
     with pytest.raises(RecipeError, match="allows \\['dynamic'\\], not 'weight-only'"):
-        check_scheme(board(["dynamic"]), config)
+        check_scheme(board(["dynamic"]), config, schemes["npu-board"])
+    with pytest.raises(RecipeError, match="no scheme for target 'other'"):
+        schemes_by_target(config, ["npu-board", "arm64-onnx", "other"])
+    assert schemes_by_target(QuantizeConfig(scheme="static"), ["a", "b"]) == {"a": "static", "b": "static"}
 
 
 def test_weight_only_is_refused_for_onnx_targets():
@@ -57,11 +60,12 @@ def test_weight_only_is_refused_for_onnx_targets():
 
 def test_a_target_without_float_fallback_refuses_float_layers():
     with pytest.raises(RecipeError, match="float_fallback: false"):
-        check_scheme(board(["static"], float_fallback=False), QuantizeConfig(scheme="auto"))
+        check_scheme(board(["static"], float_fallback=False), QuantizeConfig(scheme="auto"), "auto")
     with pytest.raises(RecipeError, match="float_fallback: false"):
         check_scheme(
             board(["static"], float_fallback=False),
             QuantizeConfig(scheme="static", float_layers=["bert.encoder.layer.0"]),
+            "static",
         )
 
 
