@@ -268,10 +268,7 @@ def run_recipe(recipe: Any, out_dir: Path, *, fresh: bool = False) -> RunResult:
             "recipe": recipe.name,
             "recipe_file": str(getattr(recipe, "_source", "")),
             "teacher_dir": str(teacher_dir),
-            "teacher_load": {
-                "allow_pickle": recipe.teacher.allow_pickle,
-                "trust_remote_code": recipe.teacher.trust_remote_code,
-            },
+            "teacher_load": recipe.teacher.load_options(),
             "stages": [{"index": o.index, "type": o.type, "dir": o.dir.name} for o in outcomes],
         }
         if not recipe.evaluate.enabled:

@@ -56,6 +56,10 @@ class TeacherConfig(Strict):
             raise ValueError(f"give exactly one of path, hub or package (got {', '.join(given) or 'none'})")
         return self
 
+    def load_options(self) -> dict[str, bool]:
+        """Keyword arguments for loading this teacher, or any checkpoint made from it."""
+        return {"trust_remote_code": self.trust_remote_code, "allow_pickle": self.allow_pickle}
+
 
 class Columns(Strict):
     text: str | None = None

@@ -130,10 +130,7 @@ def _teacher_load_options(run_dir: Path, recipe: Any | None) -> dict[str, bool]:
         run_file = run_dir / "run.json"
         options = read_json(run_file).get("teacher_load", {}) if run_file.is_file() else {}
         return {k: bool(options[k]) for k in ("allow_pickle", "trust_remote_code") if k in options}
-    return {
-        "allow_pickle": recipe.teacher.allow_pickle,
-        "trust_remote_code": recipe.teacher.trust_remote_code,
-    }
+    return recipe.teacher.load_options()
 
 
 def is_run(path: str | Path) -> bool:

@@ -95,8 +95,7 @@ def prepare_transfer(
     recipe, weights = ctx.recipe, options.weights
     teacher, teacher_tok = load_classifier(
         teacher_dir,
-        trust_remote_code=recipe.teacher.trust_remote_code,
-        allow_pickle=recipe.teacher.allow_pickle,
+        **recipe.teacher.load_options(),
     )
     pairs = layer_map(options, student.config.num_hidden_layers, teacher.config.num_hidden_layers)
     hidden_layers = [t for _, t in pairs] if weights.hidden > 0 else []

@@ -36,10 +36,7 @@ def run(ctx: StageContext) -> StageResult:
 
     cfg: DistillConfig = ctx.config  # type: ignore[assignment]
     start = time.time()
-    teacher_cfg = ctx.recipe.teacher
-    source, tokenizer = load_classifier(
-        ctx.input_dir, trust_remote_code=teacher_cfg.trust_remote_code, allow_pickle=teacher_cfg.allow_pickle
-    )
+    source, tokenizer = load_classifier(ctx.input_dir, **ctx.recipe.teacher.load_options())
     train, teacher_labels = ctx.split("train"), source.config.num_labels
     if train.labels is not None and len(train.label_names) > teacher_labels:
         raise DataError(

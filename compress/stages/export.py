@@ -93,10 +93,7 @@ def load_input_model(ctx: StageContext) -> tuple[Any, Any]:
     """The newest checkpoint (a ``share`` checkpoint comes back with its ties intact)."""
     from compress.models import load_classifier
 
-    teacher = ctx.recipe.teacher
-    return load_classifier(
-        ctx.input_dir, trust_remote_code=teacher.trust_remote_code, allow_pickle=teacher.allow_pickle
-    )
+    return load_classifier(ctx.input_dir, **ctx.recipe.teacher.load_options())
 
 
 def artifact_metrics(manifest: dict[str, Any]) -> dict[str, Any]:

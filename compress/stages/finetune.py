@@ -49,9 +49,7 @@ def _copy_teacher(ctx: StageContext) -> None:
         _copy_files(ctx.teacher_dir, ctx.out_dir)
         return
     teacher = ctx.recipe.teacher
-    model, tokenizer = load_classifier(
-        ctx.teacher_dir, trust_remote_code=teacher.trust_remote_code, allow_pickle=teacher.allow_pickle
-    )
+    model, tokenizer = load_classifier(ctx.teacher_dir, **teacher.load_options())
     save_checkpoint(model, tokenizer, ctx.out_dir)
 
 
@@ -80,8 +78,7 @@ def _train(ctx: StageContext, cfg: FinetuneConfig, best_dir: Path) -> dict:
         ctx.teacher_dir,
         num_labels=len(train.label_names),
         label_names=train.label_names,
-        trust_remote_code=teacher.trust_remote_code,
-        allow_pickle=teacher.allow_pickle,
+        **teacher.load_options(),
     )
     max_length = ctx.recipe.task.max_length
     train_enc, eval_enc = encode(tokenizer, train, max_length), encode(tokenizer, evals, max_length)

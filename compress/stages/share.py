@@ -112,10 +112,7 @@ def run(ctx: StageContext) -> StageResult:
 
     cfg: ShareConfig = ctx.config  # type: ignore[assignment]
     set_seed(ctx.seed)
-    teacher = ctx.recipe.teacher
-    model, tokenizer = load_classifier(
-        ctx.input_dir, trust_remote_code=teacher.trust_remote_code, allow_pickle=teacher.allow_pickle
-    )
+    model, tokenizer = load_classifier(ctx.input_dir, **ctx.recipe.teacher.load_options())
     try:
         tokenizer, steps = _transform(ctx, cfg, model, tokenizer)
     except RecipeError as exc:
