@@ -64,19 +64,31 @@ def test_dynamic_int8_is_smaller_and_close_to_float(tmp_path, float_dir):
     assert np.abs(got - ref).max() < 0.05
 
 
+def float_lookup_tables(path) -> list[str]:
+    """Float initializers that a Gather reads rows from (embedding tables stored in fp32)."""
+    graph = onnx.load(str(path)).graph
+    floats = {t.name for t in graph.initializer if t.data_type == onnx.TensorProto.FLOAT and len(t.dims) == 2}
+    return [n.input[0] for n in graph.node if n.op_type == "Gather" and n.input[0] in floats]
+
+
 def read_inputs(folder):
     from compress.io import read_json
 
     return read_json(folder / "manifest.json")["inputs"]
 
 
-def test_static_quantizes_only_matmuls_by_default(tmp_path, float_dir, calibration):
+def test_static_quantizes_matmuls_and_stores_embedding_tables_int8_by_default(
+    tmp_path, float_dir, calibration
+):
     manifest = quantize_onnx(
         float_dir, tmp_path / "s", scheme="static", calibration=calibration, method="minmax"
     )
-    assert manifest["quantization"]["op_types"] == ["MatMul", "Gemm"]
+    assert manifest["quantization"]["op_types"] == ["MatMul", "Gemm", "Gather"]
     assert manifest["quantization"]["calibration"] == {"samples": 24, "method": "minmax"}
-    assert quantize_nodes_serve_only(tmp_path / "s" / "model.onnx", {"MatMul", "Gemm"})
+    assert quantize_nodes_serve_only(tmp_path / "s" / "model.onnx", {"MatMul", "Gemm", "Gather"})
+    # the embedding tables are stored int8: no lookup reads a float table any more
+    assert float_lookup_tables(float_dir / "model.onnx")
+    assert not float_lookup_tables(tmp_path / "s" / "model.onnx")
     got, ref = (
         predict_logits(tmp_path / "s", SAMPLE_TEXTS, None),
         predict_logits(float_dir, SAMPLE_TEXTS, None),

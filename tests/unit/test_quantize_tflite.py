@@ -98,6 +98,20 @@ def int8_tensor_count(path) -> int:
     )
 
 
+def float_lookup_tables(path) -> list[int]:
+    """Tables that an EMBEDDING_LOOKUP reads from a stored fp32 tensor (not a DEQUANTIZE of int8)."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    interpreter = Interpreter(model_path=str(path))
+    ops = interpreter._get_ops_details()
+    produced = {int(t) for op in ops for t in op["outputs"]}
+    return [
+        int(op["inputs"][1])
+        for op in ops
+        if op["op_name"] == "EMBEDDING_LOOKUP" and int(op["inputs"][1]) not in produced
+    ]
+
+
 def test_float_layers_leave_fewer_int8_tensors(tmp_path, tiny_tflite):
     float_dir, calibration = tiny_tflite
     quantize_tflite(float_dir, tmp_path / "all", scheme="static", calibration=calibration)
@@ -126,8 +140,11 @@ def test_static_quantizes_matmuls_unless_full_integer_is_asked(tmp_path, tiny_tf
     full = quantize_tflite(
         float_dir, tmp_path / "full", scheme="static", calibration=calibration, full_integer=True
     )
-    assert default["quantization"]["op_types"] == ["FULLY_CONNECTED", "BATCH_MATMUL"]
+    assert default["quantization"]["op_types"] == ["FULLY_CONNECTED", "BATCH_MATMUL", "EMBEDDING_LOOKUP"]
     assert full["quantization"]["op_types"] == "all"
+    # the embedding tables are stored int8 too (weight-only: dequantized once, looked up in float)
+    assert float_lookup_tables(float_dir / "model.tflite")
+    assert not float_lookup_tables(tmp_path / "mm" / "model.tflite")
     assert int8_tensor_count(tmp_path / "full" / "model.tflite") > int8_tensor_count(
         tmp_path / "mm" / "model.tflite"
     )
