@@ -56,6 +56,25 @@ def nodes_in_layers(model_path: Path, layers: list[str]) -> list[str]:
     return found
 
 
+def store_tables_int8(source: Path, target: Path) -> None:
+    """Write ``source`` to ``target`` with the float tables that Gather reads (the embeddings) stored int8.
+
+    For graphs quantized elsewhere (the PT2E search winner quantizes only linear layers):
+    onnxruntime's dynamic quantizer restricted to Gather, so every other node is left as it is.
+    """
+    import logging
+
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quiet = logging.getLogger()
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)  # "check if the model is already quantized": it is, on purpose
+    try:
+        quantize_dynamic(source, target, op_types_to_quantize=["Gather"], weight_type=QuantType.QInt8)
+    finally:
+        quiet.setLevel(level)
+
+
 def check_node_names(model_path: Path, names: list[str]) -> None:
     import onnx
 

@@ -2,7 +2,8 @@
 
 neural-compressor's PT2E ``convert`` keeps float weights and quantizes them at run time; exporting
 that graph as is would ship a float-sized file. onnxruntime's basic (hardware-independent) constant
-folding turns each constant QuantizeLinear into an int8 initializer before the file is written.
+folding turns each constant QuantizeLinear into an int8 initializer before the file is written, and
+the embedding tables (which PT2E leaves float) are then stored int8 like the ``static`` scheme's.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ def export_search_winner(
     from compress.export.onnx import onnx_runner, tidy_onnx
     from compress.io import atomic_dir
     from compress.quantize import derive_artifact
+    from compress.quantize.onnx import store_tables_int8
 
     names = [
         n for n, _ in zip(("input_ids", "attention_mask", "token_type_ids"), search.example, strict=False)
@@ -47,7 +49,7 @@ def export_search_winner(
     batch = torch.export.Dim("batch", min=1, max=4096)
     sequence = torch.export.Dim("sequence", min=1, max=search.max_positions)
     with atomic_dir(Path(out_dir)) as folder:
-        raw, path = folder / "traced.onnx", folder / "model.onnx"
+        raw, folded, path = folder / "traced.onnx", folder / "folded.onnx", folder / "model.onnx"
         try:
             program = torch.onnx.export(
                 search.model,
@@ -62,8 +64,10 @@ def export_search_winner(
         except Exception as exc:
             raise conversion_error("onnx", exc) from None
         program.save(str(raw), external_data=False)
-        fold_weights(raw, path)
+        fold_weights(raw, folded)
+        store_tables_int8(folded, path)
         raw.unlink()
+        folded.unlink()
         merged = tidy_onnx(path)
         cases = [
             dict(zip(names, (t.numpy() for t in batch_), strict=True)) for batch_ in search.check_batches

@@ -13,6 +13,7 @@ from compress.models import load_classifier
 from compress.quantize import predict_logits
 from compress.quantize.onnx import nodes_in_layers, quantize_onnx
 from compress.targets import load_target
+from tests.helpers.onnx_graph import float_lookup_tables
 
 
 @pytest.fixture(scope="module")
@@ -62,13 +63,6 @@ def test_dynamic_int8_is_smaller_and_close_to_float(tmp_path, float_dir):
         predict_logits(float_dir, SAMPLE_TEXTS, None),
     )
     assert np.abs(got - ref).max() < 0.05
-
-
-def float_lookup_tables(path) -> list[str]:
-    """Float initializers that a Gather reads rows from (embedding tables stored in fp32)."""
-    graph = onnx.load(str(path)).graph
-    floats = {t.name for t in graph.initializer if t.data_type == onnx.TensorProto.FLOAT and len(t.dims) == 2}
-    return [n.input[0] for n in graph.node if n.op_type == "Gather" and n.input[0] in floats]
 
 
 def read_inputs(folder):

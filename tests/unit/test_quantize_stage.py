@@ -11,6 +11,7 @@ from compress.models import load_classifier
 from compress.quantize.search import candidate_counts, search_units
 from compress.stages.quantize import QuantizeConfig, check_scheme, schemes_by_target
 from compress.targets import TargetProfile
+from tests.helpers.onnx_graph import float_lookup_tables
 from tests.helpers.tiny import write_recipe
 
 
@@ -148,6 +149,7 @@ def test_auto_searches_float_layers_and_ships_an_int8_onnx(tmp_path, tiny_bert_d
     assert quantization["float_layers"][0] == "classifier" and quantization["search"]["met"]
     graph = onnx.load(str(folder / "model.onnx")).graph
     assert any(i.data_type == onnx.TensorProto.INT8 for i in graph.initializer)
+    assert not float_lookup_tables(folder / "model.onnx")  # embedding tables stored int8 as well
     metrics = read_json(stage.dir / "manifest.json")["metrics"]["artifacts"]["arm64-onnx-int8"]
     assert metrics["agreement"] >= 0.99 and metrics["bytes"] < metrics["float_bytes"]
 
