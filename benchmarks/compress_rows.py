@@ -97,6 +97,10 @@ def run_recipe_process(
     )
 
 
+def int8_step(scheme: str) -> str:
+    return "int8" if scheme == "dynamic" else f"int8 {scheme}"
+
+
 def step_labels(run_dir: Path, teacher_layers: int) -> dict[str, str]:
     """``{stage folder: "distil 6→3 + share + int8"}``: what has been done to the model by that stage."""
     steps: list[str] = ["teacher"]
@@ -107,8 +111,9 @@ def step_labels(run_dir: Path, teacher_layers: int) -> dict[str, str]:
             steps = [f"distil {teacher_layers}→{config['layers']}"]
         elif stage["type"] == "quantize":  # several quantize stages each start from the same checkpoint
             scheme = config.get("scheme", "dynamic")
-            name = f"int8 {scheme}" if isinstance(scheme, str) and scheme != "dynamic" else "int8"
-            labels[stage["dir"]] = " + ".join([*steps, name])
+            labels[stage["dir"]] = " + ".join(
+                [*steps, int8_step(scheme if isinstance(scheme, str) else "dynamic")]
+            )
             continue
         elif stage["type"] in STEP_NAMES:
             steps.append(STEP_NAMES[stage["type"]])
@@ -126,9 +131,28 @@ def report_rows(run: RecipeRun, teacher_layers: int) -> list[dict[str, Any]]:
         folder = Path(entry["path"])
         manifest = read_json(folder / "manifest.json") if entry["format"] != "torch" else {}
         checkpoint = Path(manifest["source"]["checkpoint"]) if manifest else folder
+        label = labels[stage_dir]
+        if manifest:
+            scheme = read_json(run.run_dir / stage_dir / "manifest.json")["config"].get("scheme")
+            if isinstance(scheme, dict):  # a scheme per target: this artifact's own
+                label = label.removesuffix(int8_step("dynamic")) + int8_step(scheme[manifest["target"]])
         rows.append(
-            {"label": labels[stage_dir], "entry": entry, "checkpoint": checkpoint, "stage": stage_dir}
+            {
+                "label": label,
+                "entry": entry,
+                "checkpoint": checkpoint,
+                "stage": stage_dir,
+                "target": manifest.get("target"),
+            }
         )
+    # several targets of one format (a TFLite phone and a Pi profile): say which row is which
+    targets: dict[str, set[str]] = {}
+    for row in rows:
+        if row["target"]:
+            targets.setdefault(row["entry"]["format"], set()).add(row["target"])
+    for row in rows:
+        if row["target"] and len(targets[row["entry"]["format"]]) > 1:
+            row["label"] += f" ({row['target']})"
     return rows
 
 

@@ -208,3 +208,37 @@ def test_row_labels_say_what_was_done_and_each_quantize_stage_starts_from_the_ch
     }
     (tmp_path / "run.json").write_text(json.dumps({"stages": [{"dir": "05-quantize", "type": "quantize"}]}))
     assert step_labels(tmp_path, 6) == {"05-quantize": "teacher + int8 static"}
+
+
+def test_rows_of_several_targets_of_one_format_name_their_target_and_own_scheme(tmp_path):
+    from benchmarks.compress_rows import RecipeRun, report_rows
+
+    stages = [
+        ("01-export", {"type": "export"}),
+        ("02-quantize", {"type": "quantize", "scheme": {"phone": "dynamic", "pi": "weight-only"}}),
+    ]
+    (tmp_path / "run.json").write_text(
+        json.dumps({"stages": [{"dir": d, "type": c["type"]} for d, c in stages]})
+    )
+    artifacts = []
+    for folder, config in stages:
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "manifest.json").write_text(json.dumps({"config": config}))
+        for target, fmt in [("phone", "tflite"), ("pi", "tflite"), ("board", "onnx")]:
+            if folder == "02-quantize" and target == "board":
+                continue
+            art = tmp_path / folder / target
+            art.mkdir()
+            manifest = {"target": target, "source": {"checkpoint": str(tmp_path / "teacher")}}
+            (art / "manifest.json").write_text(json.dumps(manifest))
+            artifacts.append({"name": f"{folder}/{target}", "path": str(art), "format": fmt})
+    (tmp_path / "report.json").write_text(json.dumps({"checkpoints": [], "artifacts": artifacts}))
+    run = RecipeRun("r", tmp_path, 0.0, 0, 0, [], 0.0)
+    labels = {row["entry"]["name"]: row["label"] for row in report_rows(run, 6)}
+    assert labels == {
+        "01-export/phone": "teacher (phone)",
+        "01-export/pi": "teacher (pi)",
+        "01-export/board": "teacher",  # the only ONNX target needs no name
+        "02-quantize/phone": "teacher + int8 (phone)",
+        "02-quantize/pi": "teacher + int8 weight-only (pi)",
+    }
