@@ -4,7 +4,7 @@
 factorised embedding), so a compressed checkpoint is a normal Hugging Face folder whose
 ``config.json`` carries one extra entry, ``compress_sharing``:
 
-    {"version": 1, "layers": {"part": "layer", "groups": [[0, 1, 2, 3, 4, 5]]} | null,
+    {"version": 1, "layers": {"part": "layer", "groups": [[0, 1, 2, 3, 4, 5]], "relax_rank": 16} | null,
      "embedding_rank": 128 | null}
 
 ``model.safetensors`` holds each unique tensor once, under the first name the model gives it. The
@@ -87,7 +87,7 @@ def apply_structure(model: torch.nn.Module, spec: dict[str, Any]) -> None:
     if spec.get("embedding_rank"):
         install_factorized(model, int(spec["embedding_rank"]))
     if spec.get("layers"):
-        tie_layers(model, SharingPlan.from_json(spec["layers"]), init=0)
+        tie_layers(model, SharingPlan.from_json(spec["layers"]), init=0, init_relaxation=False)
 
 
 def save_shared_checkpoint(model: torch.nn.Module, tokenizer: Any, folder: Path) -> None:

@@ -4,14 +4,24 @@ Tying is structural: the encoder's layer list (or each layer's attention / feed-
 is made to reference the SAME module object. ``parameters()`` then yields each shared tensor once,
 so optimisers update one tensor, gradients from every use add up in it, and a state dict that is
 de-duplicated by identity stores it once.
+
+Relaxed sharing (``relax_rank``; Bae et al. 2024, "Relaxed Recursive Transformers") gives every tied
+layer its own rank-r correction on each linear weight: W_i ~ W_shared + B_i A_i. Each layer keeps its
+own container whose linear and norm modules are the shared objects, the linears wrapped with the
+layer's two small matrices. B_i A_i starts as the truncated SVD of the layer's trained weight minus
+the shared one, so at full rank the relaxed model computes exactly what the untied one did, and at
+rank r each weight is off by the singular values the truncation discards. Cost: r x (in + out)
+parameters per linear per layer, against in x out for an untied copy.
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
+import torch.nn.functional as F
 
 from compress.errors import ModelError, RecipeError
 
@@ -31,13 +41,52 @@ class SharingPlan:
 
     groups: tuple[tuple[int, ...], ...]
     part: Part
+    relax_rank: int | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"part": self.part, "groups": [list(g) for g in self.groups]}
+        out: dict[str, Any] = {"part": self.part, "groups": [list(g) for g in self.groups]}
+        if self.relax_rank:
+            out["relax_rank"] = self.relax_rank
+        return out
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> SharingPlan:
-        return cls(tuple(tuple(int(i) for i in g) for g in data["groups"]), data["part"])
+        rank = data.get("relax_rank")
+        return cls(
+            tuple(tuple(int(i) for i in g) for g in data["groups"]), data["part"], int(rank) if rank else None
+        )
+
+
+class RelaxedLinear(torch.nn.Module):
+    """A shared linear layer plus one layer's own low-rank correction: ``base(x) + x Aᵀ Bᵀ``."""
+
+    def __init__(self, base: torch.nn.Linear, rank: int):
+        super().__init__()
+        self.base = base
+        weight = base.weight
+        self.lora_a = torch.nn.Parameter(torch.zeros(rank, weight.shape[1], dtype=weight.dtype))
+        self.lora_b = torch.nn.Parameter(torch.zeros(weight.shape[0], rank, dtype=weight.dtype))
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The shared weight (what code that inspects ``.weight`` for dtype or shape expects)."""
+        return self.base.weight
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        return self.base.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.base(x) + F.linear(F.linear(x, self.lora_a), self.lora_b)
+
+    @torch.no_grad()
+    def init_from(self, weight: torch.Tensor) -> None:
+        """B A = the rank-r truncated SVD of ``weight`` - shared weight (singular values split evenly)."""
+        u, s, vh = torch.linalg.svd((weight - self.base.weight).double(), full_matrices=False)
+        rank = self.lora_a.shape[0]
+        root = s[:rank].sqrt()
+        self.lora_b.copy_(u[:, :rank] * root)
+        self.lora_a.copy_(root[:, None] * vh[:rank])
 
 
 def _layout(model: torch.nn.Module) -> tuple[torch.nn.ModuleList, dict[str, tuple[str, ...]]]:
@@ -59,7 +108,9 @@ def encoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
     return _layout(model)[0]
 
 
-def make_plan(mode: Mode, num_layers: int, groups: list[list[int]] | None = None) -> SharingPlan:
+def make_plan(
+    mode: Mode, num_layers: int, groups: list[list[int]] | None = None, relax_rank: int | None = None
+) -> SharingPlan:
     """Turn the recipe's ``mode``/``groups`` into a plan, rejecting groups that cannot work."""
     if mode == "groups" and not groups:
         raise RecipeError("share.layers.groups: mode 'groups' needs groups, e.g. groups: [[0, 1], [2, 3]]")
@@ -84,8 +135,10 @@ def make_plan(mode: Mode, num_layers: int, groups: list[list[int]] | None = None
                     "each layer may be in one group only"
                 )
             seen[index] = number
+    if relax_rank is not None and relax_rank <= 0:
+        raise RecipeError(f"share.layers.relax_rank: {relax_rank} must be a positive rank, e.g. 16")
     part: Part = "layer" if mode in ("all", "groups") else mode
-    return SharingPlan(tuple(tuple(g) for g in chosen), part)
+    return SharingPlan(tuple(tuple(g) for g in chosen), part, relax_rank)
 
 
 @torch.no_grad()
@@ -96,35 +149,73 @@ def _average_into(target: torch.nn.Module, modules: list[torch.nn.Module]) -> No
         param.copy_(torch.stack([n[name].detach() for n in named]).mean(dim=0))
 
 
+def _relaxed_copy(
+    shared: torch.nn.Module, rank: int, original: dict[str, torch.Tensor] | None
+) -> torch.nn.Module:
+    """A container of its own around ``shared``'s modules, each linear wrapped with a rank-r correction.
+
+    ``original`` (the layer's trained parameters) initialises the corrections; None leaves them at
+    zero for a loader to fill.
+    """
+    leaves = {id(m): m for m in shared.modules() if next(m.children(), None) is None}
+    own = copy.deepcopy(shared, memo=dict(leaves))  # new containers, the same (shared) leaf modules
+    for name, module in list(own.named_modules()):
+        if isinstance(module, torch.nn.Linear):
+            relaxed = RelaxedLinear(module, min(rank, *module.weight.shape))
+            if original is not None:
+                relaxed.init_from(original[f"{name}.weight"])
+            own.set_submodule(name, relaxed)
+    return own
+
+
+def _get(layers: torch.nn.ModuleList, i: int, attr: str | None) -> torch.nn.Module:
+    return layers[i] if attr is None else getattr(layers[i], attr)
+
+
+def _put(layers: torch.nn.ModuleList, i: int, attr: str | None, module: torch.nn.Module) -> None:
+    if attr is None:
+        layers[i] = module
+    else:
+        setattr(layers[i], attr, module)
+
+
 def _tie_group(
     layers: torch.nn.ModuleList,
     group: tuple[int, ...],
     attrs: tuple[str, ...] | None,
     init: Literal["mean"] | int,
+    relax_rank: int | None,
+    init_relaxation: bool,
 ) -> None:
     source = group[0] if init == "mean" else group[init]
-    if attrs is None:
-        members = [layers[i] for i in group]
-        if init == "mean":
-            _average_into(layers[source], members)
-        for i in group:
-            layers[i] = layers[source]
-        return
-    for attr in attrs:
-        members = [getattr(layers[i], attr) for i in group]
-        shared = getattr(layers[source], attr)
+    for attr in [None] if attrs is None else attrs:  # the whole layer, or each module of a sub-block
+        members = [_get(layers, i, attr) for i in group]
+        originals: list[dict[str, torch.Tensor] | None] = (
+            [{n: p.detach().clone() for n, p in m.named_parameters()} for m in members]
+            if relax_rank and init_relaxation
+            else [None] * len(group)
+        )
+        shared = _get(layers, source, attr)
         if init == "mean":
             _average_into(shared, members)
-        for i in group:
-            setattr(layers[i], attr, shared)
+        for i, original in zip(group, originals, strict=True):
+            _put(layers, i, attr, _relaxed_copy(shared, relax_rank, original) if relax_rank else shared)
 
 
-def tie_layers(model: torch.nn.Module, plan: SharingPlan, init: Literal["mean"] | int = "mean") -> None:
+def tie_layers(
+    model: torch.nn.Module,
+    plan: SharingPlan,
+    init: Literal["mean"] | int = "mean",
+    *,
+    init_relaxation: bool = True,
+) -> None:
     """Tie the layers of ``plan`` in place.
 
     ``init="mean"`` starts each shared module from the mean of the tied layers' weights (ALBERT
     shares from scratch; for a trained model the mean keeps every layer's contribution); an
     integer keeps the weights of that position within each group (0 = the group's first layer).
+    With ``plan.relax_rank`` each layer also gets its low-rank corrections, from the SVD of its own
+    trained weights unless ``init_relaxation`` is False (a loader about to fill them).
     """
     layers, parts = _layout(model)
     make_plan("groups", len(layers), [list(g) for g in plan.groups])
@@ -135,4 +226,4 @@ def tie_layers(model: torch.nn.Module, plan: SharingPlan, init: Literal["mean"] 
         )
     attrs = None if plan.part == "layer" else parts[plan.part]
     for group in plan.groups:
-        _tie_group(layers, group, attrs, init)
+        _tie_group(layers, group, attrs, init, plan.relax_rank, init_relaxation)

@@ -31,6 +31,10 @@ class LayerSharing(Strict):
     """Layer indices per group, e.g. [[0, 1], [2, 3]]; a layer may be in one group only."""
     init: Literal["mean"] | int = "mean"
     """mean of the tied layers' weights, or the position within each group whose weights are kept."""
+    relax_rank: int | None = Field(None, gt=0)
+    """Give each tied layer its own rank-r correction on every linear weight, initialised from the SVD
+    of what tying took away from it (Relaxed Recursive Transformers); costs r x (in + out) parameters
+    per linear per layer. Unset: plain ALBERT sharing."""
 
 
 class VocabPruning(Strict):
@@ -97,7 +101,9 @@ def _transform(ctx: StageContext, cfg: ShareConfig, model: Any, tokenizer: Any) 
         set_sharing_spec(model, embedding_rank=cfg.embedding_rank)
         steps.append(_measure(ctx, model, tokenizer, "embedding", quality))
     if cfg.layers is not None:
-        plan = make_plan(cfg.layers.mode, len(encoder_layers(model)), cfg.layers.groups)
+        plan = make_plan(
+            cfg.layers.mode, len(encoder_layers(model)), cfg.layers.groups, cfg.layers.relax_rank
+        )
         tie_layers(model, plan, init=cfg.layers.init)
         set_sharing_spec(model, layers=plan.to_json())
         steps.append(_measure(ctx, model, tokenizer, "layers", plan.to_json()))

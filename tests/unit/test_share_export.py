@@ -22,12 +22,12 @@ SLACK = 16_384
 """Bytes of small graph constants (shapes, masks, scalars) that are not parameters."""
 
 
-@pytest.fixture(scope="module")
-def shared_model(tmp_path_factory: pytest.TempPathFactory):
+@pytest.fixture(scope="module", params=[None, 8], ids=["tied", "relaxed-rank-8"])
+def shared_model(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest):
     folder = make_tiny_bert(tmp_path_factory.mktemp("wide"), layers=4, hidden=128)
     model, tokenizer = load_classifier(folder)
     layer_bytes = sum(p.numel() * p.element_size() for p in encoder_layers(model)[0].parameters())
-    plan = make_plan("all", 4)
+    plan = make_plan("all", 4, relax_rank=request.param)
     tie_layers(model, plan)
     factorize_embedding(model, 16)
     set_sharing_spec(model, layers=plan.to_json(), embedding_rank=16)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from compress.errors import RecipeError
 from compress.io import read_json
@@ -73,3 +74,21 @@ def test_recovery_distils_the_shared_student_and_keeps_it_tied(tmp_path, tiny_be
     model, _ = load_shared_classifier(stage.dir)
     assert encoder_layers(model)[0] is encoder_layers(model)[1]
     assert parameter_stats(model)["bytes"] == metrics["bytes"] == metrics["steps"][-2]["bytes"]
+
+
+@pytest.mark.slow
+def test_relaxed_sharing_recovers_and_reloads_with_its_corrections(tmp_path, tiny_bert_dir, reviews):
+    stages = SHARE.format(recovery="{epochs: 1, batch_size: 16, lr: 3.0e-3}").replace(
+        "{mode: all}", "{mode: all, relax_rank: 4}"
+    )
+    recipe = load_recipe(
+        write_recipe(tmp_path / "r.yaml", teacher=tiny_bert_dir, data=reviews, stages=stages)
+    )
+    stage = run_recipe(recipe, tmp_path / "runs").stages[0]
+    metrics = read_json(stage.dir / "manifest.json")["metrics"]
+    assert read_json(stage.dir / "config.json")["compress_sharing"]["layers"]["relax_rank"] == 4
+    model, _ = load_shared_classifier(stage.dir)
+    first, second = (layer.attention.self.query for layer in encoder_layers(model))
+    assert first.base.weight is second.base.weight and first.lora_a is not second.lora_a
+    assert not torch.equal(first.lora_b, second.lora_b)
+    assert parameter_stats(model)["bytes"] == metrics["bytes"]

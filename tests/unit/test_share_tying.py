@@ -130,3 +130,72 @@ def test_init_position_outside_a_group_is_a_config_error(four_layer_dir: Path):
     model, _ = load_classifier(four_layer_dir)
     with pytest.raises(RecipeError, match="position 2"):
         tie_layers(model, make_plan("groups", 4, [[0, 1], [2, 3]]), init=2)
+
+
+def _relaxed(model, rank: int, mode: str = "all"):
+    plan = make_plan(mode, len(encoder_layers(model)), relax_rank=rank)
+    tie_layers(model, plan)
+    set_sharing_spec(model, layers=plan.to_json())
+
+
+def _linears(layer) -> dict[str, torch.nn.Module]:
+    from compress.share.tying import RelaxedLinear
+
+    return {n: m for n, m in layer.named_modules() if isinstance(m, RelaxedLinear)}
+
+
+def test_full_rank_relaxation_computes_exactly_what_the_untied_model_did(four_layer_dir: Path):
+    model, tokenizer = load_classifier(four_layer_dir)
+    model.eval()
+    with torch.no_grad():
+        before = model(**_batch(tokenizer)).logits
+    _relaxed(model, rank=10_000)  # capped at each weight's full rank
+    with torch.no_grad():
+        after = model(**_batch(tokenizer)).logits
+    assert torch.allclose(before, after, atol=1e-5)
+    layers = encoder_layers(model)
+    per_layer = [_linears(layer) for layer in layers]
+    assert per_layer[0] and set(per_layer[0]) == set(per_layer[3])
+    for name in per_layer[0]:  # one shared weight per linear, a correction of its own per layer
+        assert len({id(linears[name].base.weight) for linears in per_layer}) == 1
+        assert len({id(linears[name].lora_a) for linears in per_layer}) == 4
+
+
+def test_rank_r_relaxation_misses_each_weight_by_its_discarded_singular_values(four_layer_dir: Path):
+    model, _ = load_classifier(four_layer_dir)
+    originals = [layer.intermediate.dense.weight.detach().clone() for layer in encoder_layers(model)]
+    mean = torch.stack(originals).mean(dim=0)
+    _relaxed(model, rank=3)
+    for original, layer in zip(originals, encoder_layers(model), strict=True):
+        relaxed = layer.intermediate.dense
+        approx = relaxed.base.weight + relaxed.lora_b @ relaxed.lora_a
+        discarded = torch.linalg.svdvals((original - mean).double())[3:]
+        error = torch.linalg.norm((original - approx).double())
+        assert torch.isclose(error, discarded.square().sum().sqrt(), rtol=1e-4)
+
+
+def test_relaxation_costs_r_times_in_plus_out_per_linear_per_layer(four_layer_dir: Path):
+    model, _ = load_classifier(four_layer_dir)
+    untied = parameter_stats(model)["parameters"]
+    one_layer = sum(p.numel() for p in encoder_layers(model)[0].parameters())
+    shapes = [m.weight.shape for m in encoder_layers(model)[0].modules() if isinstance(m, torch.nn.Linear)]
+    _relaxed(model, rank=4)
+    corrections = 4 * sum(4 * (out + inp) for out, inp in shapes)
+    assert parameter_stats(model)["parameters"] == untied - 3 * one_layer + corrections
+
+
+def test_relaxed_ties_survive_save_and_load(four_layer_dir: Path, tmp_path: Path):
+    model, tokenizer = load_classifier(four_layer_dir)
+    _relaxed(model, rank=4, mode="ffn")
+    save_shared_checkpoint(model, tokenizer, tmp_path / "relaxed")
+    loaded, loaded_tok = load_shared_classifier(tmp_path / "relaxed")
+    assert parameter_stats(loaded) == parameter_stats(model)
+    layers = encoder_layers(loaded)
+    bases = {id(layer.intermediate.dense.base.weight) for layer in layers}
+    corrections = {id(layer.intermediate.dense.lora_b) for layer in layers}
+    assert len(bases) == 1 and len(corrections) == 4
+    model.eval()
+    with torch.no_grad():
+        assert torch.allclose(
+            model(**_batch(tokenizer)).logits, loaded(**_batch(loaded_tok)).logits, atol=1e-6
+        )
