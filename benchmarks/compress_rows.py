@@ -125,6 +125,10 @@ def report_rows(run: RecipeRun, teacher_layers: int) -> list[dict[str, Any]]:
     """The run's checkpoints and artifacts from its report.json, each with its label and source folders."""
     report = read_json(run.run_dir / "report.json")
     labels = step_labels(run.run_dir, teacher_layers)
+    schemes = {  # each stage's configured scheme, read once
+        stage["dir"]: read_json(run.run_dir / stage["dir"] / "manifest.json")["config"].get("scheme")
+        for stage in read_json(run.run_dir / "run.json")["stages"]
+    }
     rows = []
     for entry in [*report["checkpoints"], *report["artifacts"]]:
         stage_dir = entry["name"].split("/")[0]
@@ -132,10 +136,9 @@ def report_rows(run: RecipeRun, teacher_layers: int) -> list[dict[str, Any]]:
         manifest = read_json(folder / "manifest.json") if entry["format"] != "torch" else {}
         checkpoint = Path(manifest["source"]["checkpoint"]) if manifest else folder
         label = labels[stage_dir]
-        if manifest:
-            scheme = read_json(run.run_dir / stage_dir / "manifest.json")["config"].get("scheme")
-            if isinstance(scheme, dict):  # a scheme per target: this artifact's own
-                label = label.removesuffix(int8_step("dynamic")) + int8_step(scheme[manifest["target"]])
+        scheme = schemes.get(stage_dir)
+        if manifest and isinstance(scheme, dict):  # a scheme per target: this artifact's own
+            label = label.removesuffix(int8_step("dynamic")) + int8_step(scheme[manifest["target"]])
         rows.append(
             {
                 "label": label,

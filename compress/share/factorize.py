@@ -57,13 +57,22 @@ def check_rank(rank: int, hidden_size: int) -> None:
 
 
 @torch.no_grad()
+def truncated_svd(
+    matrix: torch.Tensor, rank: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(U_r, S_r, Vh_r, discarded singular values) of ``matrix``, computed in float64 for a faithful error."""
+    u, s, vh = torch.linalg.svd(matrix.detach().double(), full_matrices=False)
+    return u[:, :rank], s[:rank], vh[:rank], s[rank:]
+
+
+@torch.no_grad()
 def svd_factors(weight: torch.Tensor, rank: int) -> Factors:
-    """Best rank-``rank`` factors of a V×H embedding table (computed in float64 for a faithful error)."""
+    """Best rank-``rank`` factors of a V×H embedding table."""
     check_rank(rank, weight.shape[1])
-    u, s, vh = torch.linalg.svd(weight.detach().double(), full_matrices=False)
-    table = (u[:, :rank] * s[:rank]).to(weight.dtype)
-    projection = vh[:rank].T.contiguous().to(weight.dtype)
-    return Factors(table, projection, s[rank:].to(weight.dtype))
+    u, s, vh, discarded = truncated_svd(weight, rank)
+    table = (u * s).to(weight.dtype)
+    projection = vh.T.contiguous().to(weight.dtype)
+    return Factors(table, projection, discarded.to(weight.dtype))
 
 
 def factorize_embedding(model: torch.nn.Module, rank: int) -> dict[str, float]:

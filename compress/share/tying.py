@@ -82,11 +82,12 @@ class RelaxedLinear(torch.nn.Module):
     @torch.no_grad()
     def init_from(self, weight: torch.Tensor) -> None:
         """B A = the rank-r truncated SVD of ``weight`` - shared weight (singular values split evenly)."""
-        u, s, vh = torch.linalg.svd((weight - self.base.weight).double(), full_matrices=False)
-        rank = self.lora_a.shape[0]
-        root = s[:rank].sqrt()
-        self.lora_b.copy_(u[:, :rank] * root)
-        self.lora_a.copy_(root[:, None] * vh[:rank])
+        from compress.share.factorize import truncated_svd
+
+        u, s, vh, _ = truncated_svd(weight - self.base.weight, self.lora_a.shape[0])
+        root = s.sqrt()
+        self.lora_b.copy_(u * root)
+        self.lora_a.copy_(root[:, None] * vh)
 
 
 def _layout(model: torch.nn.Module) -> tuple[torch.nn.ModuleList, dict[str, tuple[str, ...]]]:
