@@ -46,6 +46,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--layers", default="{mode: all}", help="YAML of share.layers")
     p.add_argument("--vocab", default="{}", help="YAML of share.vocab")
     p.add_argument(
+        "--positions",
+        type=int,
+        default=None,
+        help="also trim the position table to N rows (a row of its own, and in the all-three rows)",
+    )
+    p.add_argument(
         "--recovery",
         default="{epochs: 3}",
         help="YAML of share.recovery (distill options); null skips the recovery row",
@@ -108,6 +114,12 @@ def variants(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     }
     if recovery is None:
         del chosen["all three + recovery"]
+    if args.positions:
+        chosen = {
+            name: {**config, "positions": args.positions} if name.startswith("all three") else config
+            for name, config in chosen.items()
+        }
+        chosen = {"positions": {"positions": args.positions, "recovery": None}, **chosen}
     return chosen
 
 
@@ -168,6 +180,15 @@ def markdown(result: dict[str, Any]) -> str:
         "",
         f"Teacher `{result['teacher']}`, student `{result['student']}`.",
         "",
+        f"Layers: `{json.dumps(result['layers'])}`, embedding rank {result['embedding_rank']}, "
+        f"vocabulary `{json.dumps(result['vocab'])}`"
+        + (
+            f", position table trimmed to {result['positions']} rows in the all-three rows"
+            if result.get("positions")
+            else ""
+        )
+        + f"; recovery `{json.dumps(result['recovery'])}`.",
+        "",
         "| variant | unique params | fp32 bytes | file bytes | × teacher bytes | dev acc | × teacher acc |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
@@ -217,6 +238,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "embedding_rank": args.embedding_rank,
         "layers": yaml.safe_load(args.layers),
         "vocab": yaml.safe_load(args.vocab),
+        "positions": args.positions,
         "recovery": yaml.safe_load(args.recovery),
         "rows": rows,
         "target": target,

@@ -149,6 +149,25 @@ class RecipeBase(Strict):
             raise ValueError("gates need the final evaluation; remove evaluate.enabled: false or the gates")
         return self
 
+    @model_validator(mode="after")
+    def _trimmed_positions_cover_inputs(self) -> RecipeBase:
+        """A share stage's ``positions`` must reach every input length the rest of the run feeds in."""
+        from compress.targets import load_target
+
+        needs = {"task.max_length": self.task.max_length}
+        needs |= {f"target {name}": load_target(name).max_length for name in self.targets}
+        for index, stage in enumerate(getattr(self, "stages", [])):
+            kept = getattr(stage, "positions", None)
+            recovery = getattr(stage, "recovery", None)
+            own = {f"stages[{index}].recovery.max_length": getattr(recovery, "max_length", None) or 0}
+            for what, length in (needs | own).items() if kept else ():
+                if length > kept:
+                    raise ValueError(
+                        f"stages[{index}].positions: {kept} is shorter than {what} ({length} tokens); "
+                        f"keep at least {length} positions"
+                    )
+        return self
+
     @field_validator("targets")
     @classmethod
     def _known_targets(cls, value: list[str]) -> list[str]:

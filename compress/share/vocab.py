@@ -12,7 +12,7 @@ import json
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -51,8 +51,14 @@ def _bpe_closure(model: dict[str, Any], tokens: set[str]) -> set[str]:
     return closed
 
 
-def _is_character(token: str, prefix: str) -> bool:
-    return len(token) == 1 or (bool(prefix) and token.startswith(prefix) and len(token) == len(prefix) + 1)
+Characters = Literal["seen", "all", "none"]
+
+
+def _character(token: str, prefix: str) -> str | None:
+    """The character a one-character piece stands for (``a`` or ``##a``), else None."""
+    if prefix and token.startswith(prefix) and len(token) == len(prefix) + 1:
+        return token[-1]
+    return token if len(token) == 1 else None
 
 
 def kept_token_ids(
@@ -60,11 +66,12 @@ def kept_token_ids(
     used: Iterable[int],
     keep: Iterable[str] = (),
     reserve: int = 0,
-    keep_characters: bool = True,
+    characters: Characters = "seen",
 ) -> list[int]:
     """Old ids to keep, ascending: used ids, added/special tokens, ``keep``, the first ``reserve`` ids
-    (vocabularies list frequent pieces first) and, with ``keep_characters``, every one-character
-    piece so that words the training text never had still split into pieces instead of [UNK]."""
+    (vocabularies list frequent pieces first) and one-character pieces, so that words the training
+    text never had still split into pieces instead of [UNK]: ``seen`` keeps those of every character
+    the training text's pieces are written in (its alphabet), ``all`` every one, ``none`` none."""
     model = data["model"]
     if model["type"] not in ("WordPiece", "BPE"):
         raise ModelError(
@@ -72,9 +79,10 @@ def kept_token_ids(
         )
     vocab: dict[str, int] = model["vocab"]
     token_of = {i: t for t, i in vocab.items()}
-    ids = {i for i in used if i in token_of} | {
-        t["id"] for t in data.get("added_tokens", []) if t["id"] in token_of
-    }
+    added = {t["id"] for t in data.get("added_tokens", []) if t["id"] in token_of}
+    used = {i for i in used if i in token_of} - added
+    ids = used | added
+    prefix = model.get("continuing_subword_prefix") or ""
     ids |= {i for i in range(min(reserve, len(vocab)))}
     if model.get("unk_token") in vocab:
         ids.add(vocab[model["unk_token"]])
@@ -82,9 +90,13 @@ def kept_token_ids(
         if token not in vocab:
             raise RecipeError(f"share.vocab.keep: token {token!r} is not in the tokenizer's vocabulary")
         ids.add(vocab[token])
-    if keep_characters:
-        prefix = model.get("continuing_subword_prefix") or ""
-        ids |= {i for t, i in vocab.items() if _is_character(t, prefix)}
+    if characters != "none":
+        alphabet = {c for i in used for c in token_of[i].removeprefix(prefix)}
+        ids |= {
+            i
+            for t, i in vocab.items()
+            if (c := _character(t, prefix)) is not None and (characters == "all" or c in alphabet)
+        }
     if model["type"] == "BPE":
         ids = {vocab[t] for t in _bpe_closure(model, {token_of[i] for i in ids})}
     return sorted(ids)
@@ -168,7 +180,7 @@ def prune_vocabulary(
     *,
     keep: Iterable[str] = (),
     reserve: int = 0,
-    keep_characters: bool = True,
+    characters: Characters = "seen",
 ) -> tuple[Any, dict[str, int]]:
     """Prune the vocabulary in place to the tokens of ``texts``; returns the new tokenizer and sizes."""
     if not getattr(tokenizer, "is_fast", False):
@@ -176,7 +188,7 @@ def prune_vocabulary(
             "vocabulary pruning needs a fast tokenizer (tokenizer.json); re-save the model with one"
         )
     data = json.loads(tokenizer.backend_tokenizer.to_str())
-    kept = kept_token_ids(data, used_token_ids(tokenizer, texts, pairs), keep, reserve, keep_characters)
+    kept = kept_token_ids(data, used_token_ids(tokenizer, texts, pairs), keep, reserve, characters)
     new_data, remap = prune_tokenizer_json(data, kept)
     prune_embedding_rows(model, kept, remap)
     return pruned_tokenizer(tokenizer, new_data), {

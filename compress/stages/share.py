@@ -1,7 +1,8 @@
 """``share``: ALBERT-style compression of a trained model, then distillation to win accuracy back.
 
 Transforms run on the newest checkpoint in the run, cheapest to undo first: vocabulary pruning
-(a lossless row selection for the training text), then the SVD-factorised embedding (computed on
+(a lossless row selection for the training text) and position-table trimming (lossless for inputs
+up to the kept length), then the SVD-factorised embedding (computed on
 the pruned table, so the rank is spent on tokens the task uses), then cross-layer tying. The
 manifest records unique parameters, bytes and eval accuracy after every step, so a reader sees
 what each transform cost before recovery paid it back.
@@ -42,8 +43,10 @@ class VocabPruning(Strict):
     """Tokens to keep although the training text does not use them."""
     reserve: int = Field(0, ge=0)
     """Also keep the first N ids of the original vocabulary (its most frequent pieces)."""
-    keep_characters: bool = True
-    """Keep every one-character piece so unseen words split into pieces instead of [UNK]."""
+    characters: Literal["seen", "all", "none"] = "seen"
+    """Which one-character pieces to keep so that unseen words split into pieces instead of [UNK]:
+    seen = those of every character the training text is written in; all = every one (text in
+    other scripts too, ~2k rows for BERT); none = only pieces the training text used."""
 
 
 class ShareConfig(StageConfig):
@@ -52,13 +55,21 @@ class ShareConfig(StageConfig):
     embedding_rank: int | None = Field(None, gt=0)
     """E of the V×E + E×H factorised embedding (ALBERT uses 128); must be below the hidden size."""
     vocab: VocabPruning | None = None
+    positions: int | None = Field(None, gt=0)
+    """Keep the position-table rows for inputs of up to N tokens (BERT learns 512) and drop the rest;
+    N must cover task.max_length and every target's sequence lengths. Unset: keep them all."""
     recovery: DistillOptions | None = Field(default_factory=DistillOptions)
     """Distillation against the teacher after the transforms; null skips it."""
 
     @model_validator(mode="after")
     def _something_to_do(self) -> ShareConfig:
-        if self.layers is None and self.embedding_rank is None and self.vocab is None:
-            raise ValueError("give at least one of layers, embedding_rank or vocab")
+        if (
+            self.layers is None
+            and self.embedding_rank is None
+            and self.vocab is None
+            and self.positions is None
+        ):
+            raise ValueError("give at least one of layers, embedding_rank, vocab or positions")
         return self
 
 
@@ -79,6 +90,7 @@ def _measure(
 def _transform(ctx: StageContext, cfg: ShareConfig, model: Any, tokenizer: Any) -> tuple[Any, list[dict]]:
     from compress.share.factorize import factorize_embedding
     from compress.share.model import set_sharing_spec
+    from compress.share.positions import trim_positions
     from compress.share.tying import encoder_layers, make_plan, tie_layers
     from compress.share.vocab import prune_vocabulary
 
@@ -93,9 +105,12 @@ def _transform(ctx: StageContext, cfg: ShareConfig, model: Any, tokenizer: Any) 
             train.pairs,
             keep=v.keep,
             reserve=v.reserve,
-            keep_characters=v.keep_characters,
+            characters=v.characters,
         )
         steps.append(_measure(ctx, model, tokenizer, "vocab", sizes))
+    if cfg.positions is not None:
+        sizes = trim_positions(model, tokenizer, cfg.positions)
+        steps.append(_measure(ctx, model, tokenizer, "positions", sizes))
     if cfg.embedding_rank is not None:
         quality = factorize_embedding(model, cfg.embedding_rank)
         set_sharing_spec(model, embedding_rank=cfg.embedding_rank)

@@ -378,6 +378,16 @@ CASES = [
     ),
     Case("max-length-zero", _edited("max_length: 16", "max_length: 0"), ("task.max_length", "> 0")),
     Case("share-nothing-to-do", _stages(SHARE), ("stages[0]", "at least one of layers")),
+    Case(
+        "positions-shorter-than-max-length",
+        _stages(SHARE + "    positions: 8\n"),
+        ("stages[0].positions", "task.max_length (16 tokens)", "keep at least 16"),
+    ),
+    Case(
+        "positions-shorter-than-a-target",
+        _stages(SHARE + "    positions: 16\n", "targets: [arm64-onnx]\n"),
+        ("stages[0].positions", "target arm64-onnx (128 tokens)", "keep at least 128"),
+    ),
     # model structure (known once the teacher is loaded)
     Case(
         "more-student-layers-than-teacher",

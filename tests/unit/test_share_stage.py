@@ -16,7 +16,8 @@ from tests.helpers.tiny import write_recipe
 SHARE = """  - type: share
     layers: {{mode: all}}
     embedding_rank: 8
-    vocab: {{keep_characters: false}}
+    vocab: {{characters: none}}
+    positions: 16
     recovery: {recovery}
 """
 
@@ -30,9 +31,9 @@ def test_share_stage_applies_every_transform_and_saves_each_tensor_once(tmp_path
     stage = run_recipe(recipe, tmp_path / "runs").stages[0]
     manifest = read_json(stage.dir / "manifest.json")
     metrics = manifest["metrics"]
-    assert [s["step"] for s in metrics["steps"]] == ["input", "vocab", "embedding", "layers"]
+    assert [s["step"] for s in metrics["steps"]] == ["input", "vocab", "positions", "embedding", "layers"]
     sizes = [s["parameters"] for s in metrics["steps"]]
-    assert sizes == sorted(sizes, reverse=True) and len(set(sizes)) == 4
+    assert sizes == sorted(sizes, reverse=True) and len(set(sizes)) == 5
     assert all(0 <= s["accuracy"] <= 1 for s in metrics["steps"])
     assert metrics["accuracy_after_tying"] == metrics["steps"][-1]["accuracy"]
     model, tokenizer = load_shared_classifier(stage.dir)
@@ -44,6 +45,7 @@ def test_share_stage_applies_every_transform_and_saves_each_tensor_once(tmp_path
     config = read_json(stage.dir / "config.json")
     assert config["compress_sharing"]["embedding_rank"] == 8
     assert config["vocab_size"] == model.get_input_embeddings().num_embeddings == len(tokenizer)
+    assert config["max_position_embeddings"] == 16
 
 
 def test_share_stage_needs_a_transform(tmp_path, tiny_bert_dir, reviews):
@@ -53,7 +55,7 @@ def test_share_stage_needs_a_transform(tmp_path, tiny_bert_dir, reviews):
         data=reviews,
         stages="  - type: share\n    recovery: null\n",
     )
-    with pytest.raises(RecipeError, match="at least one of layers, embedding_rank or vocab"):
+    with pytest.raises(RecipeError, match="at least one of layers, embedding_rank, vocab or positions"):
         load_recipe(path)
 
 

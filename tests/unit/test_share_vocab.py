@@ -26,7 +26,7 @@ def test_training_text_gives_same_tokens_with_remapped_ids_and_rows(tiny_bert_di
     old_ids = tokenizer(TRAIN)["input_ids"]
     with torch.no_grad():
         reference = model(**tokenizer(TRAIN, padding=True, return_tensors="pt")).logits
-    new_tok, sizes = prune_vocabulary(model, tokenizer, TRAIN, keep_characters=False)
+    new_tok, sizes = prune_vocabulary(model, tokenizer, TRAIN, characters="none")
     assert sizes["vocab_after"] < sizes["vocab_before"]
     assert model.config.vocab_size == sizes["vocab_after"] == model.get_input_embeddings().num_embeddings
     assert _tokens(new_tok, TRAIN) == _tokens(tokenizer, TRAIN)
@@ -52,21 +52,31 @@ def test_pruned_checkpoint_reloads_with_its_tokenizer(tiny_bert_dir: Path, tmp_p
 
 def test_characters_keep_unseen_words_out_of_unk(tiny_bert_dir: Path):
     model, tokenizer = load_classifier(tiny_bert_dir)
-    with_chars, _ = prune_vocabulary(model, tokenizer, ["the film"], keep_characters=True)
+    with_chars, _ = prune_vocabulary(model, tokenizer, ["the film"], characters="all")
     assert "[UNK]" not in _tokens(with_chars, ["superb"])[0]
     model, tokenizer = load_classifier(tiny_bert_dir)
-    without, _ = prune_vocabulary(model, tokenizer, ["the film"], keep_characters=False)
+    without, _ = prune_vocabulary(model, tokenizer, ["the film"], characters="none")
     assert _tokens(without, ["superb"])[0] == ["[CLS]", "[UNK]", "[SEP]"]
+
+
+def test_seen_characters_cover_new_words_in_the_training_alphabet_only(tiny_bert_dir: Path):
+    model, tokenizer = load_classifier(tiny_bert_dir)
+    seen, sizes = prune_vocabulary(model, tokenizer, ["the film"], characters="seen")
+    assert "[UNK]" not in _tokens(seen, ["helm filth"])[0]  # new words, letters of "the film" only
+    assert _tokens(seen, ["superb"])[0] == ["[CLS]", "[UNK]", "[SEP]"]  # s, u, p, r, b never seen
+    model, tokenizer = load_classifier(tiny_bert_dir)
+    _, every = prune_vocabulary(model, tokenizer, ["the film"], characters="all")
+    assert sizes["vocab_after"] < every["vocab_after"]
 
 
 def test_keep_list_and_reserve_add_tokens(tiny_bert_dir: Path):
     _, tokenizer = load_classifier(tiny_bert_dir)
     data = json.loads(tokenizer.backend_tokenizer.to_str())
     used = set(tokenizer(["the film"])["input_ids"][0])
-    base = kept_token_ids(data, used, keep_characters=False)
+    base = kept_token_ids(data, used, characters="none")
     vocab = data["model"]["vocab"]
-    assert vocab["superb"] in kept_token_ids(data, used, keep=["superb"], keep_characters=False)
-    assert set(range(12)) <= set(kept_token_ids(data, used, reserve=12, keep_characters=False))
+    assert vocab["superb"] in kept_token_ids(data, used, keep=["superb"], characters="none")
+    assert set(range(12)) <= set(kept_token_ids(data, used, reserve=12, characters="none"))
     assert vocab["superb"] not in base
     with pytest.raises(RecipeError, match="'zzzz' is not in the tokenizer's vocabulary"):
         kept_token_ids(data, used, keep=["zzzz"])
@@ -91,7 +101,7 @@ def test_bpe_merge_chains_survive_pruning():
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", unk_token="<unk>")
     texts = corpus[:6]
     data = json.loads(tokenizer.backend_tokenizer.to_str())
-    kept = kept_token_ids(data, set().union(*tokenizer(texts)["input_ids"]), keep_characters=False)
+    kept = kept_token_ids(data, set().union(*tokenizer(texts)["input_ids"]), characters="none")
     new_data, remap = prune_tokenizer_json(data, kept)
     assert len(new_data["model"]["vocab"]) < len(data["model"]["vocab"])
     assert len(new_data["model"]["merges"]) < len(data["model"]["merges"])
