@@ -30,8 +30,10 @@ class LayerSharing(Strict):
     layers, or within each of ``groups``); groups: whole layers shared within each group."""
     groups: list[list[int]] | None = None
     """Layer indices per group, e.g. [[0, 1], [2, 3]]; a layer may be in one group only."""
-    init: Literal["mean"] | int = "mean"
-    """mean of the tied layers' weights, or the position within each group whose weights are kept."""
+    init: Literal["mean", "fit"] | int = "mean"
+    """mean of the tied layers' weights, the position within each group whose weights are kept, or fit
+    (with relax_rank): shared weights fitted jointly with the corrections, so that shared + correction
+    lands closer to every trained layer than the mean does."""
     relax_rank: int | None = Field(None, gt=0)
     """Give each tied layer its own rank-r correction on every linear weight, initialised from the SVD
     of what tying took away from it (Relaxed Recursive Transformers); costs r x (in + out) parameters

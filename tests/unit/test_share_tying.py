@@ -132,9 +132,9 @@ def test_init_position_outside_a_group_is_a_config_error(four_layer_dir: Path):
         tie_layers(model, make_plan("groups", 4, [[0, 1], [2, 3]]), init=2)
 
 
-def _relaxed(model, rank: int, mode: str = "all"):
+def _relaxed(model, rank: int, mode: str = "all", init: str = "mean"):
     plan = make_plan(mode, len(encoder_layers(model)), relax_rank=rank)
-    tie_layers(model, plan)
+    tie_layers(model, plan, init=init)
     set_sharing_spec(model, layers=plan.to_json())
 
 
@@ -199,3 +199,37 @@ def test_relaxed_ties_survive_save_and_load(four_layer_dir: Path, tmp_path: Path
         assert torch.allclose(
             model(**_batch(tokenizer)).logits, loaded(**_batch(loaded_tok)).logits, atol=1e-6
         )
+
+
+def _relaxation_error(model, originals: list[dict[str, torch.Tensor]]) -> float:
+    """sum over layers and linears of ||trained W_i - (shared W + B_i A_i)||²."""
+    error = 0.0
+    for layer, original in zip(encoder_layers(model), originals, strict=True):
+        for name, relaxed in _linears(layer).items():
+            approx = relaxed.base.weight + relaxed.lora_b @ relaxed.lora_a
+            error += float(((original[f"{name}.weight"] - approx) ** 2).sum())
+    return error
+
+
+def test_fit_init_lands_closer_to_every_trained_layer_than_the_mean(four_layer_dir: Path):
+    errors = {}
+    for init in ("mean", "fit"):
+        model, _ = load_classifier(four_layer_dir)
+        originals = [
+            {n: p.detach().clone() for n, p in layer.named_parameters()} for layer in encoder_layers(model)
+        ]
+        _relaxed(model, rank=3, init=init)
+        errors[init] = _relaxation_error(model, originals)
+    assert errors["fit"] < 0.95 * errors["mean"]
+
+
+def test_fit_steps_never_raise_the_error_and_need_relaxation(four_layer_dir: Path):
+    from compress.share.tying import fit_shared_weights
+
+    model, _ = load_classifier(four_layer_dir)
+    layers = encoder_layers(model)
+    originals = [{n: p.detach().clone() for n, p in layer.named_parameters()} for layer in layers]
+    history = fit_shared_weights(layers[0], originals, rank=3)
+    assert len(history) >= 2 and all(b <= a + 1e-9 for a, b in zip(history, history[1:], strict=False))
+    with pytest.raises(RecipeError, match="init: fit .* set relax_rank"):
+        tie_layers(model, make_plan("all", 4), init="fit")
