@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from compress.models import load_classifier
 from compress.share.factorize import factorize_embedding
@@ -26,6 +27,11 @@ SLACK = 16_384
 def shared_model(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest):
     folder = make_tiny_bert(tmp_path_factory.mktemp("wide"), layers=4, hidden=128)
     model, tokenizer = load_classifier(folder)
+    torch.manual_seed(0)
+    with torch.no_grad():  # trained LayerNorms differ (a fresh model's are all ones, hiding converter folds)
+        for module in model.modules():
+            if isinstance(module, torch.nn.LayerNorm):
+                module.weight.mul_(1 + 0.1 * torch.randn_like(module.weight))
     layer_bytes = sum(p.numel() * p.element_size() for p in encoder_layers(model)[0].parameters())
     plan = make_plan("all", 4, relax_rank=request.param)
     tie_layers(model, plan)
@@ -73,5 +79,9 @@ def test_tflite_stores_each_shared_weight_once(shared_model, tmp_path: Path):
     unique = parameter_stats(model)["bytes"]
     export_tflite(model, tokenizer, tmp_path / "tflite", load_target("android-arm64"))
     constants = _tflite_constant_bytes(tmp_path / "tflite" / "model.tflite")
-    assert constants <= unique + SLACK, (constants, unique)
+    # The converter folds the scale of the LayerNorm in front of the query/key/value projections into
+    # their weights; layer 0 follows the embedding LayerNorm and the tied layers a shared one, so those
+    # three weights exist twice. Nothing else may be duplicated.
+    hidden = model.config.hidden_size
+    assert constants <= unique + 3 * hidden * hidden * 4 + SLACK, (constants, unique)
     assert _folder_bytes(tmp_path / "tflite", (".tflite",)) < unique + layer_bytes
