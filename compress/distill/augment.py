@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from tqdm.auto import tqdm
 
 from compress.data import Split
 from compress.distill.config import AugmentOptions
@@ -119,12 +120,14 @@ def augment_texts(
     """``multiplier`` variants of every text (a variant may equal the text when it has no slot)."""
     words = word_tokens(tokenizer)
     wordset = set(words.tolist())
-    spans = [slots(tokenizer, t, wordset) for t in texts]
+    spans = [slots(tokenizer, t, wordset) for t in tqdm(texts, desc="augment: word slots", leave=False)]
     if options.method == "mlm":
         mlm = load_mlm(Path(options.mlm_model))
         cand_ids = [
             mlm_candidates(mlm, tokenizer, t, s, words, options.candidates)
-            for t, s in zip(texts, spans, strict=True)
+            for t, s in tqdm(
+                zip(texts, spans, strict=True), total=len(texts), desc="augment: MLM", leave=False
+            )
         ]
     else:
         used = sorted({tok for s in spans for _, _, tok in s})

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from tqdm.auto import tqdm
 
 from compress.data import Split
 from compress.errors import DataError
@@ -77,7 +78,7 @@ def compute_outputs(
         teacher.set_attn_implementation("eager")
     loader = torch.utils.data.DataLoader(data, batch_size=batch_size, shuffle=False)
     logits, hidden, attn = [], {k: [] for k in hidden_layers}, {k: [] for k in attention_layers}
-    for batch in loader:
+    for batch in tqdm(loader, desc="teacher outputs", leave=False):
         out = teacher(
             **forward_inputs(teacher, batch),
             output_hidden_states=bool(hidden_layers),
