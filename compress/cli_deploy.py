@@ -79,6 +79,14 @@ def _texts(run_dir: Path | None, data: Path | None) -> tuple[list[str], list[str
     help="Accept a differing label when the host's top two logits are this close (int8 kernels of two "
     "interpreter versions differ slightly); every difference is still printed.",
 )
+@click.option(
+    "--min-agreement",
+    type=click.FloatRange(min=0, max=1),
+    default=1.0,
+    show_default=True,
+    help="Pass when at least this share of labels match the host's (int8 kernels of two instruction sets "
+    "can round a near tie apart, e.g. 0.99 = the recipe's tolerable_loss); every difference is printed.",
+)
 @click.pass_context
 def verify_arm_cmd(
     ctx: click.Context,
@@ -88,13 +96,16 @@ def verify_arm_cmd(
     cache: Path | None,
     out: Path | None,
     tie_margin: float,
+    min_agreement: float,
 ) -> None:
     """Run BUNDLE on emulated arm64 (bookworm under qemu) with each of its interpreters; labels must agree."""
     from compress.arm import verify_arm
     from compress.io import write_json_atomic
 
     texts, pairs, source = _texts(run_dir, data)
-    result = verify_arm(bundle, texts, pairs, root_cache=cache, tie_margin=tie_margin)
+    result = verify_arm(
+        bundle, texts, pairs, root_cache=cache, tie_margin=tie_margin, min_agreement=min_agreement
+    )
     click.echo(
         f"{bundle}: {_megabytes(result['bundle_bytes'])}, {result['artifact']}; "
         f"{len(texts)} texts from {source}"

@@ -64,3 +64,12 @@ def test_compare_counts_only_close_calls_as_near_ties():
     assert strict["agree"] == 1 and strict["near_ties"] == 0 and strict["first_differing_lines"] == [1, 2]
     loose = compare(host, arm, tie_margin=0.5)
     assert loose["near_ties"] == 1 and loose["host_margins"] == {"1": 0.1, "2": 2.0}
+
+
+def test_min_agreement_tolerates_a_share_of_flipped_labels_but_not_a_missing_row():
+    run = {"agree": 248, "near_ties": 0, "total": 250}
+    assert not arm.run_passes(run, 250)  # default: every label as on the host
+    assert arm.run_passes(run, 250, min_agreement=0.99)  # 2 of 250 = 0.8% may differ
+    assert not arm.run_passes({**run, "agree": 247}, 250, min_agreement=0.99)
+    assert arm.run_passes({**run, "agree": 247, "near_ties": 1}, 250, min_agreement=0.99)
+    assert not arm.run_passes({"error": "crashed"}, 250, min_agreement=0.0)
