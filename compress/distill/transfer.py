@@ -78,7 +78,11 @@ def compute_outputs(
         teacher.set_attn_implementation("eager")
     loader = torch.utils.data.DataLoader(data, batch_size=batch_size, shuffle=False)
     logits, hidden, attn = [], {k: [] for k in hidden_layers}, {k: [] for k in attention_layers}
-    for batch in tqdm(loader, desc="teacher outputs", leave=False):
+    # a bar fed len() and update(), not the loader: tqdm(loader) draws from torch's global generator
+    # (an extra DataLoader iterator), which would change the seeded training that follows
+    bar = tqdm(total=len(loader), desc="teacher outputs", leave=False)
+    for batch in loader:
+        bar.update()
         out = teacher(
             **forward_inputs(teacher, batch),
             output_hidden_states=bool(hidden_layers),
@@ -92,6 +96,7 @@ def compute_outputs(
                 attn[k].append(
                     out.attentions[k - 1][row, :, :n, :n].reshape(out.attentions[k - 1].shape[1], -1).half()
                 )
+    bar.close()
     tensors = {"logits": torch.cat(logits), "lengths": real_lengths(data.attention_mask)}
     tensors.update({f"hidden.{k}": torch.cat(v) for k, v in hidden.items()})
     tensors.update({f"attentions.{k}": torch.cat(v, dim=1) for k, v in attn.items()})
