@@ -154,6 +154,8 @@ class RecipeBase(Strict):
         """A share stage's ``positions`` must reach every input length the rest of the run feeds in."""
         from compress.targets import load_target
 
+        if not any(getattr(stage, "positions", None) for stage in getattr(self, "stages", [])):
+            return self  # nothing trimmed: no target files to read at load time
         needs = {"task.max_length": self.task.max_length}
         needs |= {f"target {name}": load_target(name).max_length for name in self.targets}
         for index, stage in enumerate(getattr(self, "stages", [])):
