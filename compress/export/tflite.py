@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from compress.export import INPUT_ORDER, SAMPLE_TEXTS, Classifier, conversion_er
 from compress.export.artifact import MODEL_FILES, finish_artifact
 from compress.export.check import check_cases, compare_outputs, torch_reference
 from compress.io import atomic_dir
+from compress.share.model import sharing_spec
 from compress.targets import TargetProfile
 
 log = logging.getLogger(__name__)
@@ -43,6 +45,39 @@ def convert_to_tflite(module: Classifier, path: Path, lengths: list[int], pad_id
         converter.convert(strict_export=False).export(str(path))
     except Exception as exc:
         raise conversion_error("tflite", exc) from None
+
+
+@contextmanager
+def unfolded_layer_norms(model: Any) -> Iterator[None]:
+    """Trace each LayerNorm as an unscaled normalisation followed by its scale and shift.
+
+    The same arithmetic, but the TFLite converter no longer multiplies a LayerNorm's scale into the
+    weights of the projections that read it. That fold is free for an ordinary model; in a shared
+    one the tied query/key/value weights read two LayerNorms (the embeddings' in the first layer, the
+    shared output LayerNorm after it), so the fold stores them twice (litert-torch 0.10). The
+    original ``forward`` of every LayerNorm is restored on exit.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.LayerNorm)]
+
+    def unscaled(norm: torch.nn.LayerNorm) -> Callable[[torch.Tensor], torch.Tensor]:
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            out = F.layer_norm(x, norm.normalized_shape, None, None, norm.eps)
+            if norm.weight is not None:
+                out = out * norm.weight
+            return out if norm.bias is None else out + norm.bias
+
+        return forward
+
+    try:
+        for norm in norms:
+            norm.forward = unscaled(norm)
+        yield
+    finally:
+        for norm in norms:
+            norm.__dict__.pop("forward", None)
 
 
 def buffer_stats(path: Path) -> dict[str, int]:
@@ -120,7 +155,8 @@ def export_tflite(
     lengths = sorted(profile.sequence_lengths)
     with atomic_dir(out_dir) as folder:
         path = folder / MODEL_FILES["tflite"]
-        convert_to_tflite(module, path, lengths, pad_id=tokenizer.pad_token_id or 0)
+        with unfolded_layer_norms(model) if sharing_spec(model) else nullcontext():
+            convert_to_tflite(module, path, lengths, pad_id=tokenizer.pad_token_id or 0)
         stats = buffer_stats(path)
         if stats["duplicate_buffer_bytes"]:
             raise ExportError(
