@@ -54,13 +54,14 @@ def unfolded_layer_norms(model: Any) -> Iterator[None]:
     The same arithmetic, but the TFLite converter no longer multiplies a LayerNorm's scale into the
     weights of the projections that read it. That fold is free for an ordinary model; in a shared
     one the tied query/key/value weights read two LayerNorms (the embeddings' in the first layer, the
-    shared output LayerNorm after it), so the fold stores them twice (litert-torch 0.10). The
-    original ``forward`` of every LayerNorm is restored on exit.
+    shared output LayerNorm after it), so the fold stores them twice (litert-torch 0.10). Only plain
+    ``torch.nn.LayerNorm`` modules are traced this way (a subclass with its own ``forward`` computes
+    something else); whatever ``forward`` an instance had is put back on exit.
     """
     import torch
     import torch.nn.functional as F
 
-    norms = [m for m in model.modules() if isinstance(m, torch.nn.LayerNorm)]
+    norms = [m for m in model.modules() if type(m).forward is torch.nn.LayerNorm.forward]
 
     def unscaled(norm: torch.nn.LayerNorm) -> Callable[[torch.Tensor], torch.Tensor]:
         def forward(x: torch.Tensor) -> torch.Tensor:
@@ -71,13 +72,18 @@ def unfolded_layer_norms(model: Any) -> Iterator[None]:
 
         return forward
 
+    missing = object()
+    saved = [norm.__dict__.get("forward", missing) for norm in norms]
     try:
         for norm in norms:
             norm.forward = unscaled(norm)
         yield
     finally:
-        for norm in norms:
-            norm.__dict__.pop("forward", None)
+        for norm, before in zip(norms, saved, strict=True):
+            if before is missing:
+                norm.__dict__.pop("forward", None)
+            else:
+                norm.forward = before
 
 
 def buffer_stats(path: Path) -> dict[str, int]:

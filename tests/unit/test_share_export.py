@@ -90,12 +90,23 @@ def test_unfolded_layer_norms_compute_the_same_and_restore_the_model(shared_mode
     from compress.export.tflite import unfolded_layer_norms
 
     model, tokenizer, _ = shared_model
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.LayerNorm)]
     batch = tokenizer(["a shared model", "stores each weight once"], padding=True, return_tensors="pt")
     with torch.no_grad():
         before = model(**batch).logits
         with unfolded_layer_norms(model):
+            assert norms and all("forward" in m.__dict__ for m in norms)
             during = model(**batch).logits
         after = model(**batch).logits
     torch.testing.assert_close(during, before, rtol=1e-5, atol=1e-5)
     assert torch.equal(after, before)
+    assert not any("forward" in m.__dict__ for m in model.modules())
+
+
+def test_unfolded_layer_norms_restore_the_model_when_conversion_fails(shared_model):
+    from compress.export.tflite import unfolded_layer_norms
+
+    model, _, _ = shared_model
+    with pytest.raises(RuntimeError, match="converter failed"), unfolded_layer_norms(model):
+        raise RuntimeError("converter failed")
     assert not any("forward" in m.__dict__ for m in model.modules())
