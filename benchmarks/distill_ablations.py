@@ -5,6 +5,10 @@ runs alone (without the pipeline's final evaluation/report, which measures laten
 is compared here). Runs of one task share a cache folder, so the teacher's outputs are computed
 once per layer set and reused. Writes ``<results>/distill_ablations.json`` and ``.md``.
 
+The dev split is only measured: each run picks its best epoch on training rows held out from the
+transfer set (``--holdout``, at most 10% of the file: the same fixed split as the suite and the share
+benchmark), never on dev.
+
     python benchmarks/distill_ablations.py --shared ../shared --epochs 3
     python benchmarks/distill_ablations.py --shared ../shared --limit 200 --epochs 1   # smoke test
 """
@@ -15,6 +19,7 @@ import argparse
 import json
 import logging
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -34,30 +39,55 @@ TASKS = {
 }
 
 
-def recipe_for(task: str, data: Path, teacher: Path, stage: dict[str, Any], args: argparse.Namespace) -> dict:
+def recipe_for(
+    task: str, split: dict[str, Path], teacher: Path, stage: dict[str, Any], args: argparse.Namespace
+) -> dict:
+    """``split`` maps train (fit rows), eval (held-out training rows) and test (dev) to TSV files."""
     limit = {"limit": args.limit} if args.limit else {}
     return {
         "name": f"distill-{task}",
         "seed": args.seed,
         "task": {**TASKS[task], "max_length": args.max_length},
         "teacher": {"path": str(teacher.resolve())},
-        "data": {
-            "train": {"path": str((data / "train.tsv").resolve()), **limit},
-            "eval": {"path": str((data / "dev.tsv").resolve()), **limit},
-        },
+        "data": {name: {"path": str(path.resolve()), **limit} for name, path in split.items()},
         "stages": [{"type": "distill", **stage}],
     }
 
 
+def split_for(data: Path, work: Path, args: argparse.Namespace) -> dict[str, Path]:
+    """Fit rows, held-out training rows (epoch choice) and dev (measured only)."""
+    if not __package__:  # run as ``python benchmarks/distill_ablations.py``
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from benchmarks.compress_rows import holdout_split
+
+    fit, held = holdout_split((data / "train.tsv").resolve(), work / "data", 0.1, args.holdout, 0)
+    return {"train": fit, "eval": held, "test": data / "dev.tsv"}
+
+
+def dev_logits(recipe: Any, folder: Path) -> tuple[Any, list[int]]:
+    """Logits of the checkpoint in ``folder`` on the recipe's test split (dev), and its labels."""
+    from compress.data import load_recipe_split
+    from compress.models import load_classifier
+    from compress.training import encode, predict_logits
+
+    model, tokenizer = load_classifier(folder)
+    dev = load_recipe_split(recipe, "test")
+    return predict_logits(model, encode(tokenizer, dev, recipe.task.max_length)), dev.labels
+
+
 def run_ablation(
-    task: str, data: Path, teacher: Path, name: str, spec: dict[str, Any], args
+    task: str, split: dict[str, Path], teacher: Path, name: str, spec: dict[str, Any], args, teacher_dev: dict
 ) -> dict[str, Any]:
-    """Run the distill stage handler alone (no report/evaluation stages) with a per-task cache."""
+    """Run the distill stage handler alone (no report/evaluation stages) with a per-task cache.
+
+    Accuracy and agreement are measured on dev against the teacher's dev logits, kept per task in
+    ``teacher_dev``."""
     import shutil
 
     from compress.recipe import load_recipe
     from compress.stages import get_stage
     from compress.stages.base import StageContext
+    from compress.training import classification_metrics
 
     stage = {
         "epochs": args.epochs,
@@ -72,7 +102,7 @@ def run_ablation(
     run_dir = args.work / task
     recipe_path = run_dir / f"{slug}.yaml"
     recipe_path.parent.mkdir(parents=True, exist_ok=True)
-    recipe_path.write_text(yaml.safe_dump(recipe_for(task, data, teacher, stage, args), sort_keys=False))
+    recipe_path.write_text(yaml.safe_dump(recipe_for(task, split, teacher, stage, args), sort_keys=False))
     recipe = load_recipe(recipe_path)
     out = run_dir / slug
     shutil.rmtree(out, ignore_errors=True)
@@ -91,16 +121,24 @@ def run_ablation(
     )
     start = time.time()
     m = get_stage("distill").run(ctx).metrics
+    if task not in teacher_dev:
+        teacher_dev[task] = dev_logits(recipe, teacher.resolve())[0]
+    reference = teacher_dev[task]
+    logits, labels = dev_logits(recipe, out)
+    dev = classification_metrics(logits, labels, reference)
+    teacher_accuracy = classification_metrics(reference, labels)["accuracy"]
     return {
         "task": task,
         "ablation": name,
         "layers": spec["layers"],
         "weights": spec["weights"],
         "augment_multiplier": args.augment_multiplier if "augment" in spec else None,
-        "teacher_accuracy": m["teacher_accuracy"],
-        "accuracy": m["accuracy"],
-        "agreement": m["agreement"],
-        "retained": m["accuracy"] / m["teacher_accuracy"] if m["teacher_accuracy"] else None,
+        "teacher_accuracy": teacher_accuracy,
+        "accuracy": dev["accuracy"],
+        "agreement": dev["agreement"],
+        "retained": dev["accuracy"] / teacher_accuracy if teacher_accuracy else None,
+        "heldout_accuracy": m["accuracy"],
+        "heldout_teacher_accuracy": m["teacher_accuracy"],
         "parameters": m["parameters"],
         "teacher_parameters": m["source_parameters"],
         "epochs_run": m["epochs_run"],
@@ -118,15 +156,19 @@ def markdown(rows: list[dict[str, Any]], settings: dict[str, Any]) -> str:
         "",
         f"Settings: {json.dumps(settings)}",
         "",
+        "Accuracy and agreement are on dev, which no run saw; each run kept its best epoch on held-out "
+        "training rows (held-out acc).",
+        "",
         "| task | ablation | layers | params | teacher acc | student acc | retained | agreement "
-        "| epochs | seconds |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| held-out acc | best epoch | seconds |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['task']} | {r['ablation']} | {r['layers']} | {r['parameters'] / 1e6:.1f}M | "
             f"{r['teacher_accuracy']:.4f} | {r['accuracy']:.4f} | {r['retained']:.1%} | "
-            f"{r['agreement']:.4f} | {r['epochs_run']} | {r['stage_seconds']:.0f} |"
+            f"{r['agreement']:.4f} | {r['heldout_accuracy']:.4f} | {r['best_epoch']}/{r['epochs_run']} | "
+            f"{r['stage_seconds']:.0f} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -144,8 +186,16 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--patience", type=int, default=None)
     parser.add_argument("--max-length", type=int, default=128)
-    parser.add_argument("--limit", type=int, default=None, help="use only the first N train and dev rows")
+    parser.add_argument(
+        "--limit", type=int, default=None, help="use only the first N rows of each split (fit, held-out, dev)"
+    )
     parser.add_argument("--augment-multiplier", type=int, default=2)
+    parser.add_argument(
+        "--holdout",
+        type=int,
+        default=500,
+        help="training rows held out for each run's best-epoch choice (at most 10%% of the file)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work", type=Path, default=Path("runs/benchmarks/distill"))
     parser.add_argument("--results", type=Path, default=Path("benchmarks/results"))
@@ -154,6 +204,7 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     args.work = args.work.resolve()
     rows = []
+    teacher_dev: dict[str, Any] = {}
     for task in args.tasks:
         data = getattr(args, f"{task}_data") or (args.shared / "data" / task if args.shared else None)
         teacher = getattr(args, f"{task}_teacher") or (
@@ -161,11 +212,12 @@ def main() -> None:
         )
         if data is None or teacher is None:
             parser.error(f"give --shared or both --{task}-data and --{task}-teacher")
+        split = split_for(data, args.work / task, args)
         for name, spec in ABLATIONS:
             if args.only and name not in args.only:
                 continue
             logging.info("%s: %s", task, name)
-            rows.append(run_ablation(task, data, teacher, name, spec, args))
+            rows.append(run_ablation(task, split, teacher, name, spec, args, teacher_dev))
             logging.info(
                 "%s: %s -> accuracy %.4f (teacher %.4f) in %.0fs",
                 task,
@@ -178,7 +230,17 @@ def main() -> None:
         k: v
         for k, v in vars(args).items()
         if k
-        in ("epochs", "batch_size", "lr", "patience", "max_length", "limit", "augment_multiplier", "seed")
+        in (
+            "epochs",
+            "batch_size",
+            "lr",
+            "patience",
+            "max_length",
+            "limit",
+            "augment_multiplier",
+            "holdout",
+            "seed",
+        )
     }
     args.results.mkdir(parents=True, exist_ok=True)
     (args.results / "distill_ablations.json").write_text(
