@@ -110,3 +110,18 @@ def test_unfolded_layer_norms_restore_the_model_when_conversion_fails(shared_mod
     with pytest.raises(RuntimeError, match="converter failed"), unfolded_layer_norms(model):
         raise RuntimeError("converter failed")
     assert not any("forward" in m.__dict__ for m in model.modules())
+
+
+def test_unfolded_layer_norms_leave_a_layer_norm_subclass_with_its_own_forward_alone():
+    from compress.export.tflite import unfolded_layer_norms
+
+    class OffsetNorm(torch.nn.LayerNorm):  # like Nemotron's LayerNorm1P: scale is weight + 1
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.layer_norm(
+                x, self.normalized_shape, self.weight + 1, self.bias, self.eps
+            )
+
+    model = torch.nn.Sequential(torch.nn.LayerNorm(8), OffsetNorm(8))
+    with unfolded_layer_norms(model):
+        assert "forward" in model[0].__dict__
+        assert "forward" not in model[1].__dict__
