@@ -56,6 +56,15 @@ def holdout_split(train: Path, out_dir: Path, fraction: float, max_rows: int, se
     return fit_path, held_path
 
 
+def dev_logits(recipe: Any, model: Any, tokenizer: Any) -> tuple[Any, list[int]]:
+    """Logits of ``model`` on the recipe's ``test`` split (the benchmark's dev split), and its labels."""
+    from compress.data import load_recipe_split
+    from compress.training import encode, predict_logits
+
+    dev = load_recipe_split(recipe, "test")
+    return predict_logits(model, encode(tokenizer, dev, recipe.task.max_length)), dev.labels
+
+
 def run_recipe_process(
     recipe: Path, out_dir: Path, overrides: list[str], log_path: Path, fresh: bool
 ) -> RecipeRun:

@@ -26,6 +26,9 @@ from typing import Any
 
 import yaml
 
+if not __package__:  # run as ``python benchmarks/distill_ablations.py``: make the repository importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
 ABLATIONS: list[tuple[str, dict[str, Any]]] = [
     ("soft", {"layers": 3, "weights": {"soft": 1.0}}),
     ("soft+hard", {"layers": 3, "weights": {"soft": 1.0, "hard": 1.0}}),
@@ -56,23 +59,18 @@ def recipe_for(
 
 def split_for(data: Path, work: Path, args: argparse.Namespace) -> dict[str, Path]:
     """Fit rows, held-out training rows (epoch choice) and dev (measured only)."""
-    if not __package__:  # run as ``python benchmarks/distill_ablations.py``
-        sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from benchmarks.compress_rows import holdout_split
 
     fit, held = holdout_split((data / "train.tsv").resolve(), work / "data", 0.1, args.holdout, 0)
     return {"train": fit, "eval": held, "test": data / "dev.tsv"}
 
 
-def dev_logits(recipe: Any, folder: Path) -> tuple[Any, list[int]]:
-    """Logits of the checkpoint in ``folder`` on the recipe's test split (dev), and its labels."""
-    from compress.data import load_recipe_split
+def checkpoint_dev_logits(recipe: Any, folder: Path) -> tuple[Any, list[int]]:
+    """Dev logits and labels of the checkpoint in ``folder``."""
+    from benchmarks.compress_rows import dev_logits
     from compress.models import load_classifier
-    from compress.training import encode, predict_logits
 
-    model, tokenizer = load_classifier(folder)
-    dev = load_recipe_split(recipe, "test")
-    return predict_logits(model, encode(tokenizer, dev, recipe.task.max_length)), dev.labels
+    return dev_logits(recipe, *load_classifier(folder))
 
 
 def run_ablation(
@@ -122,9 +120,9 @@ def run_ablation(
     start = time.time()
     m = get_stage("distill").run(ctx).metrics
     if task not in teacher_dev:
-        teacher_dev[task] = dev_logits(recipe, teacher.resolve())[0]
+        teacher_dev[task] = checkpoint_dev_logits(recipe, teacher.resolve())[0]
     reference = teacher_dev[task]
-    logits, labels = dev_logits(recipe, out)
+    logits, labels = checkpoint_dev_logits(recipe, out)
     dev = classification_metrics(logits, labels, reference)
     teacher_accuracy = classification_metrics(reference, labels)["accuracy"]
     return {

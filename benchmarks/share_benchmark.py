@@ -135,18 +135,17 @@ def variants(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
 
 def checkpoint_row(recipe: Any, name: str, folder: Path) -> dict[str, Any]:
     """Size and dev accuracy of an existing checkpoint (the teacher, the untouched student)."""
-    from compress.data import load_recipe_split
+    from benchmarks.compress_rows import dev_logits
     from compress.models import load_classifier
     from compress.share.model import is_shared_folder, load_shared_classifier, parameter_stats
-    from compress.training import classification_metrics, encode, predict_logits
+    from compress.training import classification_metrics
 
     model, tokenizer = load_shared_classifier(folder) if is_shared_folder(folder) else load_classifier(folder)
-    dev = load_recipe_split(recipe, "test")
-    logits = predict_logits(model, encode(tokenizer, dev, recipe.task.max_length))
+    logits, labels = dev_logits(recipe, model, tokenizer)
     return {
         "variant": name,
         **parameter_stats(model),
-        **classification_metrics(logits, dev.labels),
+        **classification_metrics(logits, labels),
         "checkpoint_bytes": (folder / "model.safetensors").stat().st_size,
     }
 
