@@ -2,7 +2,10 @@
 
 Shared weights (one module reused at several layer positions, a tied embedding) must be stored
 once: the exporter can fold a per-use copy of a shared weight (e.g. its transpose) into separate
-identical initializers, so ``dedupe_initializers`` merges initializers with the same content.
+identical initializers, so ``dedupe_initializers`` merges initializers with the same content. The
+opposite also happens: a weight read by several layers keeps a runtime ``Transpose`` in front of its
+MatMuls, which hides it from int8 quantizers (they quantize MatMul weights that are initializers), so
+``fold_weight_transposes`` stores such a weight pre-transposed, still once.
 """
 
 from __future__ import annotations
@@ -93,6 +96,51 @@ def dedupe_initializers(model: Any) -> int:
     return len(renames)
 
 
+def fold_weight_transposes(model: Any) -> int:
+    """Replace ``Transpose(initializer)`` nodes by a transposed initializer; return how many were folded.
+
+    The exporter folds the transpose of a weight used once, but keeps a ``Transpose`` node for a weight
+    several layers share (a tied layer). The transposed copy replaces the original, which is dropped
+    when nothing else reads it, so the weight is still stored once and now feeds its MatMuls directly.
+    """
+    from onnx import helper, numpy_helper
+
+    graph = model.graph
+    inits = {init.name: init for init in graph.initializer}
+    readers: dict[str, int] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers[name] = readers.get(name, 0) + 1
+    folded: dict[tuple[str, tuple[int, ...]], str] = {}
+    renames: dict[str, str] = {}
+    dropped = []
+    for node in graph.node:
+        if node.op_type != "Transpose" or node.input[0] not in inits:
+            continue
+        source = inits[node.input[0]]
+        array = numpy_helper.to_array(source)
+        perm = next((tuple(a.ints) for a in node.attribute if a.name == "perm"), ())
+        perm = perm or tuple(reversed(range(array.ndim)))
+        key = (source.name, perm)
+        if key not in folded:
+            folded[key] = f"{source.name}_Transposed"
+            graph.initializer.append(
+                numpy_helper.from_array(np.ascontiguousarray(array.transpose(perm)), folded[key])
+            )
+        renames[node.output[0]] = folded[key]
+        readers[source.name] -= 1
+        dropped.append(node)
+    for node in dropped:
+        graph.node.remove(node)
+    _rename_inputs(graph, renames)
+    for value in [o for o in graph.output if o.name in renames]:  # a folded output keeps its name
+        graph.node.append(helper.make_node("Identity", [renames[value.name]], [value.name]))
+    unread = [init for init in graph.initializer if readers.get(init.name, 1) == 0]
+    for init in unread:
+        graph.initializer.remove(init)
+    return len(dropped)
+
+
 def strip_trace_metadata(model: Any) -> None:
     """Drop per-node trace metadata: stack traces hold this machine's file paths and make the hash unstable.
 
@@ -106,10 +154,12 @@ def strip_trace_metadata(model: Any) -> None:
 
 
 def tidy_onnx(path: Path) -> int:
-    """Merge duplicate initializers and strip trace metadata in place; return the merged count."""
+    """Fold weight transposes, merge duplicate initializers and strip trace metadata in place; return
+    the merged count."""
     import onnx
 
     model = onnx.load(str(path))
+    fold_weight_transposes(model)
     removed = dedupe_initializers(model)
     strip_trace_metadata(model)
     onnx.save(model, str(path))

@@ -139,6 +139,44 @@ def signature_inputs(path: Path) -> list[dict[str, Any]]:
     ]
 
 
+@contextmanager
+def positions_from_mask(module: Classifier) -> Iterator[None]:
+    """Trace the position lookup as a lookup at run time, indexed by ``cumsum(attention_mask) - 1``.
+
+    With fixed-length signatures the converter folds ``position_table[arange(L)]`` into a float
+    ``[1, L, H]`` constant per signature, an ADD operand that no int8 scheme of ai-edge-quantizer
+    covers (196 KB of float32 per 128-token signature at H=384). Looked up at run time, the table is
+    stored once and int8 like the word table. On a right-padded row (the runner pads right) the two
+    index every real token alike; pad positions differ, and only feed masked keys. Only absolute
+    tables (no ``padding_idx``: BERT, DistilBERT, ELECTRA) are patched: RoBERTa-style tables already
+    compute positions from the input ids at run time.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    embeddings = getattr(getattr(module.model, "base_model", None), "embeddings", None)
+    table = getattr(embeddings, "position_embeddings", None)
+    if type(table) is not torch.nn.Embedding or table.padding_idx is not None:
+        yield
+        return
+    mask: dict[str, torch.Tensor] = {}
+    wrapped = module.forward
+
+    def forward(input_ids: torch.Tensor, attention_mask: torch.Tensor, **rest: Any) -> Any:
+        mask["now"] = attention_mask
+        return wrapped(input_ids, attention_mask, **rest)
+
+    def lookup(ids: torch.Tensor) -> torch.Tensor:
+        positions = (mask["now"].long().cumsum(1) - 1).clamp(min=0)
+        return F.embedding(positions, table.weight)
+
+    module.forward, table.forward = forward, lookup
+    try:
+        yield
+    finally:
+        del module.forward, table.forward
+
+
 def export_tflite(
     model: Any,
     tokenizer: Any,
@@ -161,7 +199,8 @@ def export_tflite(
     lengths = sorted(profile.sequence_lengths)
     with atomic_dir(out_dir) as folder:
         path = folder / MODEL_FILES["tflite"]
-        with unfolded_layer_norms(model) if sharing_spec(model) else nullcontext():
+        norms = unfolded_layer_norms(model) if sharing_spec(model) else nullcontext()
+        with positions_from_mask(module), norms:
             convert_to_tflite(module, path, lengths, pad_id=tokenizer.pad_token_id or 0)
         stats = buffer_stats(path)
         if stats["duplicate_buffer_bytes"]:

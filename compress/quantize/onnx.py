@@ -21,6 +21,7 @@ from compress.errors import ExportError
 from compress.export.onnx import SCOPES_KEY
 from compress.io import atomic_dir
 from compress.quantize import derive_artifact
+from compress.quantize.constants import onnx_float_constants, require_int8_constants
 
 STATIC_OP_TYPES = ["MatMul", "Gemm", "Gather"]
 METHODS = ("minmax", "entropy", "percentile")
@@ -160,6 +161,9 @@ def quantize_onnx(
                 f"onnxruntime {scheme} quantization failed: {type(exc).__name__}: "
                 f"{str(exc).splitlines()[0][:200] if str(exc) else ''}"
             ) from None
+        artifact = name or Path(out_dir).name
+        kept_float = onnx_float_constants(target)
+        require_int8_constants(artifact, onnx_float_constants(target, excluded))
         quantization = {
             "tool": "onnxruntime.quantization",
             "scheme": scheme,
@@ -176,8 +180,7 @@ def quantize_onnx(
             else None,
             "float_layers": list(float_layers or []),
             "excluded_nodes": excluded,
+            "float_constant_bytes": sum(kept_float.values()),
         }
-        manifest = derive_artifact(
-            float_dir, folder, name=name or Path(out_dir).name, quantization=quantization
-        )
+        manifest = derive_artifact(float_dir, folder, name=artifact, quantization=quantization)
     return manifest

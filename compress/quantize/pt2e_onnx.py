@@ -41,7 +41,8 @@ def export_search_winner(
     from compress.export.onnx import onnx_runner, tidy_onnx
     from compress.io import atomic_dir
     from compress.quantize import derive_artifact
-    from compress.quantize.onnx import store_tables_int8
+    from compress.quantize.constants import onnx_float_constants, require_int8_constants
+    from compress.quantize.onnx import nodes_in_layers, store_tables_int8
 
     names = [
         n for n, _ in zip(("input_ids", "attention_mask", "token_type_ids"), search.example, strict=False)
@@ -69,6 +70,8 @@ def export_search_winner(
         raw.unlink()
         folded.unlink()
         merged = tidy_onnx(path)
+        kept_float = onnx_float_constants(path)
+        require_int8_constants(name, onnx_float_constants(path, nodes_in_layers(path, search.float_layers)))
         cases = [
             dict(zip(names, (t.numpy() for t in batch_), strict=True)) for batch_ in search.check_batches
         ]
@@ -88,6 +91,7 @@ def export_search_winner(
             "activations": "uint8",
             "calibration": {"samples": search.calibration_samples, "method": "minmax"},
             "float_layers": search.float_layers,
+            "float_constant_bytes": sum(kept_float.values()),
             "search": {k: v for k, v in search.summary().items() if k != "sensitivity"},
         }
         manifest = derive_artifact(

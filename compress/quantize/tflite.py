@@ -23,6 +23,7 @@ import numpy as np
 from compress.errors import ExportError
 from compress.io import atomic_dir
 from compress.quantize import derive_artifact
+from compress.quantize.constants import require_int8_constants, tflite_float_constants
 
 LOGITS_SCOPE = r"_logits_output(;|$)"
 STATIC_OPS = ["FULLY_CONNECTED", "BATCH_MATMUL"]
@@ -149,6 +150,10 @@ def quantize_tflite(
                 f"{str(exc).splitlines()[0][:200] if str(exc) else ''}"
             ) from None
         check_float_outputs(target)
+        artifact = name or Path(out_dir).name
+        kept_float = tflite_float_constants(target)
+        scopes = [LOGITS_SCOPE, *(layer_scope(layer) for layer in float_layers)]
+        require_int8_constants(artifact, tflite_float_constants(target, scopes))
         quantization = {
             "tool": "ai-edge-quantizer",
             "scheme": scheme,
@@ -160,8 +165,7 @@ def quantize_tflite(
             if scheme == "static" and calibration
             else None,
             "float_layers": float_layers,
+            "float_constant_bytes": sum(kept_float.values()),
         }
-        manifest = derive_artifact(
-            float_dir, folder, name=name or Path(out_dir).name, quantization=quantization
-        )
+        manifest = derive_artifact(float_dir, folder, name=artifact, quantization=quantization)
     return manifest

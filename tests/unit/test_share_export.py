@@ -125,3 +125,53 @@ def test_unfolded_layer_norms_leave_a_layer_norm_subclass_with_its_own_forward_a
     with unfolded_layer_norms(model):
         assert "forward" in model[0].__dict__
         assert "forward" not in model[1].__dict__
+
+
+@pytest.mark.slow
+def test_int8_onnx_of_a_shared_model_stores_every_large_weight_int8(shared_model, tmp_path: Path):
+    """A tied weight feeds several MatMuls through one Transpose unless it is folded; the quantizer then
+    leaves it float (issue 16: 7 MB of a 10 MB "int8" file). After the fold it is int8 and stored once."""
+    import onnx
+    from onnx import numpy_helper
+
+    from compress.export.onnx import export_onnx
+    from compress.quantize.constants import onnx_float_constants
+    from compress.quantize.onnx import quantize_onnx
+
+    model, tokenizer, _ = shared_model
+    export_onnx(model, tokenizer, tmp_path / "fp32", load_target("arm64-onnx"), max_length=32)
+    fp32 = onnx.load(str(tmp_path / "fp32" / "model.onnx")).graph
+    weights = {i.name for i in fp32.initializer}
+    assert not any(n.op_type == "Transpose" and n.input[0] in weights for n in fp32.node)
+    manifest = quantize_onnx(tmp_path / "fp32", tmp_path / "int8", scheme="dynamic")
+    path = tmp_path / "int8" / "model.onnx"
+    assert onnx_float_constants(path) == {}
+    assert manifest["quantization"]["float_constant_bytes"] == 0
+    graph = onnx.load(str(path)).graph
+    readers: dict[str, int] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers[name] = readers.get(name, 0) + 1
+    tied = [
+        i
+        for i in graph.initializer
+        if "layer.3.intermediate" in i.name and i.data_type == onnx.TensorProto.INT8 and len(i.dims) == 2
+    ]
+    assert len(tied) == 1 and readers[tied[0].name] == 4  # one int8 copy read by all four layers
+    assert numpy_helper.to_array(tied[0]).nbytes == 256 * 128
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scheme", ["dynamic", "weight-only"])
+def test_int8_tflite_of_a_shared_model_stores_every_large_weight_int8(shared_model, tmp_path: Path, scheme):
+    export_tflite = pytest.importorskip("compress.export.tflite").export_tflite
+    from compress.quantize.constants import tflite_float_constants
+    from compress.quantize.tflite import quantize_tflite
+
+    model, tokenizer, _ = shared_model
+    export_tflite(model, tokenizer, tmp_path / "fp32", load_target("raspberry-pi-4"))
+    # the fp32 file holds the position rows as a looked-up table, not a folded constant per signature
+    assert not any("position" in name for name in tflite_float_constants(tmp_path / "fp32" / "model.tflite"))
+    manifest = quantize_tflite(tmp_path / "fp32", tmp_path / "int8", scheme=scheme)
+    assert tflite_float_constants(tmp_path / "int8" / "model.tflite") == {}
+    assert manifest["quantization"]["float_constant_bytes"] == 0

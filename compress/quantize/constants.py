@@ -1,0 +1,86 @@
+"""Which large constants an int8 artifact still stores in float, and the check that fails it for them.
+
+A quantizer quietly skips what it does not recognise: onnxruntime leaves a weight float when a
+``Transpose`` stands between it and its MatMul (a tied layer's weight, read by several layers, was
+7 MB of a 10 MB "int8" file). So every int8 artifact is read back, and a float constant of at least
+``LARGE`` bytes fails it, unless every op that reads it was kept float on purpose (``float_layers``,
+``exclude_nodes``, the logits op).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from pathlib import Path
+
+from compress.errors import ExportError
+
+LARGE = 64 * 1024
+"""Bytes from which a float constant counts as a weight that int8 must cover (small ones are biases,
+LayerNorm scales and shape constants)."""
+
+_ONNX_FLOATS = {1: 4, 10: 2, 11: 8, 16: 2}  # FLOAT, FLOAT16, DOUBLE, BFLOAT16: bytes per element
+_TFLITE_FLOATS = {0: 4, 1: 2, 10: 8}  # FLOAT32, FLOAT16, FLOAT64
+
+
+def onnx_float_constants(path: Path, float_nodes: Iterable[str] = ()) -> dict[str, int]:
+    """Float initializers of ``LARGE`` bytes or more, by name, except those only float nodes read."""
+    import math
+
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    kept = set(float_nodes)
+    readers: dict[str, list[str]] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node.name)
+    found = {}
+    for init in graph.initializer:
+        size = math.prod(init.dims) * _ONNX_FLOATS.get(init.data_type, 0)
+        users = readers.get(init.name, [])
+        if size >= LARGE and not (users and all(user in kept for user in users)):
+            found[init.name] = size
+    return found
+
+
+def tflite_float_constants(path: Path, float_scopes: Iterable[str] = ()) -> dict[str, int]:
+    """Float constant tensors of ``LARGE`` bytes or more, by name, except those only float ops read.
+
+    An op counts as float on purpose when one of its outputs matches a scope regex (the same
+    matching ai-edge-quantizer applies to keep it float).
+    """
+    from ai_edge_quantizer.utils import tfl_flatbuffer_utils
+
+    model = tfl_flatbuffer_utils.read_model(str(path))
+    scopes = [re.compile(s) for s in float_scopes]
+    found = {}
+    for graph in model.subgraphs:
+        names = [t.name.decode() if isinstance(t.name, bytes) else str(t.name) for t in graph.tensors]
+        readers: dict[int, list[bool]] = {}
+        for op in graph.operators:
+            on_purpose = any(s.search(names[o]) for o in op.outputs if o >= 0 for s in scopes)
+            for index in op.inputs:
+                if index >= 0:
+                    readers.setdefault(index, []).append(on_purpose)
+        for index, tensor in enumerate(graph.tensors):
+            buffer = model.buffers[tensor.buffer]
+            stored = len(buffer.data) if buffer.data is not None else int(buffer.size or 0)
+            users = readers.get(index, [])
+            if tensor.type in _TFLITE_FLOATS and stored >= LARGE and not (users and all(users)):
+                found[names[index]] = max(found.get(names[index], 0), stored)
+    return found
+
+
+def require_int8_constants(artifact: str, found: dict[str, int]) -> None:
+    """Fail an int8 artifact that still stores large float constants the recipe did not keep float."""
+    if not found:
+        return
+    largest = max(found, key=found.get)
+    short = largest.split("/")[-1][-80:]  # TFLite names carry the whole module path
+    raise ExportError(
+        f"{artifact}: {len(found)} constant(s) of >= {LARGE // 1024} KiB stayed float "
+        f"({sum(found.values()):,} bytes; largest {short}, {found[largest]:,} bytes) in an int8 "
+        "artifact; the quantizer did not cover them: keep their layers float on purpose "
+        "(float_layers) or report it as a compress bug"
+    )
