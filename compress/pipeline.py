@@ -144,9 +144,7 @@ def data_identity(recipe: Any) -> dict[str, Any]:
 
 
 def stage_hash(config: Any, upstream: str, recipe: Any, data: dict[str, Any]) -> str:
-    from compress.targets import load_target
-
-    targets = {name: load_target(name).model_dump() for name in recipe.targets}
+    targets = {name: recipe.target_profile(name).model_dump() for name in recipe.targets}
     return sha256_json(
         {
             "stage": config.model_dump(),

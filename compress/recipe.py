@@ -6,7 +6,7 @@ import re
 import reprlib
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
 import yaml
 from pydantic import (
@@ -22,6 +22,9 @@ from pydantic import (
 from compress.config import Strict
 from compress.errors import RecipeError
 from compress.yamlpos import Loc, format_loc, line_for, load_yaml_with_lines
+
+if TYPE_CHECKING:
+    from compress.targets import TargetProfile
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 _SHORT = reprlib.Repr()
@@ -131,6 +134,13 @@ class EvaluateConfig(Strict):
     """Threads for latency; default: the artifact's target profile, 2 for the teacher."""
 
 
+class TargetOptions(Strict):
+    sequence_lengths: list[int] | None = Field(None, min_length=1)
+    """Narrow the profile's lengths (TFLite signatures; the longest input an ONNX artifact takes) to
+    these, each at most the profile's longest: e.g. [32, 64] for a student whose share stage keeps
+    64 positions. Shorter signatures are also smaller and faster to convert."""
+
+
 class RecipeBase(Strict):
     name: str = Field(pattern=NAME_PATTERN)
     description: str = ""
@@ -139,6 +149,8 @@ class RecipeBase(Strict):
     teacher: TeacherConfig
     data: DataConfig
     targets: list[str] = Field(default_factory=list)
+    target_options: dict[str, TargetOptions] = Field(default_factory=dict)
+    """Per-target changes to the stock profile, by target name (see ``target_profile``)."""
     gates: GatesConfig | None = None
     evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
     _source: Path | None = PrivateAttr(None)
@@ -149,15 +161,42 @@ class RecipeBase(Strict):
             raise ValueError("gates need the final evaluation; remove evaluate.enabled: false or the gates")
         return self
 
+    def target_profile(self, name: str) -> TargetProfile:
+        """The profile of one of this recipe's targets, with the recipe's ``target_options`` applied."""
+        from compress.targets import load_target
+
+        profile = load_target(name)
+        options = self.target_options.get(name)
+        if options is None or options.sequence_lengths is None:
+            return profile
+        return profile.model_copy(update={"sequence_lengths": sorted(set(options.sequence_lengths))})
+
+    @model_validator(mode="after")
+    def _target_options_narrow_listed_targets(self) -> RecipeBase:
+        from compress.targets import load_target
+
+        for name, options in self.target_options.items():
+            if name not in self.targets:
+                raise ValueError(
+                    f"target_options: '{name}' is not in targets ({', '.join(self.targets) or 'none'}); "
+                    "add it to targets or remove its options"
+                )
+            longest = load_target(name).max_length
+            for length in options.sequence_lengths or []:
+                if not 0 < length <= longest:
+                    raise ValueError(
+                        f"target_options.{name}.sequence_lengths: {length} is outside 1..{longest} "
+                        f"(the profile's longest); narrow the profile's lengths, never extend them"
+                    )
+        return self
+
     @model_validator(mode="after")
     def _trimmed_positions_cover_inputs(self) -> RecipeBase:
         """A share stage's ``positions`` must reach every input length the rest of the run feeds in."""
-        from compress.targets import load_target
-
         if not any(getattr(stage, "positions", None) for stage in getattr(self, "stages", [])):
             return self  # nothing trimmed: no target files to read at load time
         needs = {"task.max_length": self.task.max_length}
-        needs |= {f"target {name}": load_target(name).max_length for name in self.targets}
+        needs |= {f"target {name}": self.target_profile(name).max_length for name in self.targets}
         for index, stage in enumerate(getattr(self, "stages", [])):
             kept = getattr(stage, "positions", None)
             recovery = getattr(stage, "recovery", None)
@@ -167,6 +206,11 @@ class RecipeBase(Strict):
                     raise ValueError(
                         f"stages[{index}].positions: {kept} is shorter than {what} ({length} tokens); "
                         f"keep at least {length} positions"
+                        + (
+                            f" or narrow it with target_options: {{{what[7:]}: {{sequence_lengths: [...]}}}}"
+                            if what.startswith("target ")
+                            else ""
+                        )
                     )
         return self
 

@@ -66,9 +66,7 @@ class StageContext:
         return f"{source} stages[{self.index - 1}]"
 
     def targets(self) -> list[TargetProfile]:
-        from compress.targets import load_target
-
-        return [load_target(name) for name in self.recipe.targets]
+        return [self.recipe.target_profile(name) for name in self.recipe.targets]
 
     def last(self, stage_type: str) -> FinishedStage | None:
         for stage in reversed(self.previous):

@@ -386,7 +386,27 @@ CASES = [
     Case(
         "positions-shorter-than-a-target",
         _stages(SHARE + "    positions: 16\n", "targets: [arm64-onnx]\n"),
-        ("stages[0].positions", "target arm64-onnx (128 tokens)", "keep at least 128"),
+        ("stages[0].positions", "target arm64-onnx (128 tokens)", "keep at least 128", "target_options"),
+    ),
+    Case(
+        "target-options-for-an-unlisted-target",
+        _stages(SHARE + "    positions: 16\n", "target_options: {arm64-onnx: {sequence_lengths: [16]}}\n"),
+        ("target_options", "'arm64-onnx' is not in targets", "add it to targets"),
+    ),
+    Case(
+        "target-options-extend-a-profile",
+        _stages(
+            DISTILL,
+            "targets: [raspberry-pi-4]\ntarget_options: {raspberry-pi-4: {sequence_lengths: [32, 256]}}\n",
+        ),
+        ("target_options.raspberry-pi-4.sequence_lengths", "256", "1..128", "never extend"),
+    ),
+    Case(
+        "target-options-empty-lengths",
+        _stages(
+            DISTILL, "targets: [raspberry-pi-4]\ntarget_options: {raspberry-pi-4: {sequence_lengths: []}}\n"
+        ),
+        ("target_options.raspberry-pi-4.sequence_lengths",),
     ),
     # model structure (known once the teacher is loaded)
     Case(

@@ -120,3 +120,22 @@ def test_schema_describes_stage_options():
 def test_default_recipe_validates():
     recipe = load_recipe(Path(__file__).resolve().parents[2] / "recipes" / "distil8.yaml")
     assert recipe.name == "distil8"
+
+
+def test_target_options_narrow_a_profile_so_trimmed_positions_fit_the_stock_targets(tmp_path, reviews):
+    share = "  - type: share\n    embedding_rank: 8\n    positions: 64\n    recovery: null\n"
+    body = "targets: [raspberry-pi-4, arm64-onnx]\n"
+    narrowed = (
+        "target_options:\n"
+        "  raspberry-pi-4: {sequence_lengths: [64, 32, 32]}\n"
+        "  arm64-onnx: {sequence_lengths: [64]}\n"
+    )
+    text = recipe_text(reviews, body, share).replace("max_length: 128", "")
+    text = text.replace(
+        "task: {text: sentence, label: label}", "task: {text: sentence, label: label, max_length: 64}"
+    )
+    assert "target raspberry-pi-4 (128 tokens)" in error_of(write(tmp_path, text))
+    recipe = load_recipe(write(tmp_path, text + narrowed))
+    assert recipe.target_profile("raspberry-pi-4").sequence_lengths == [32, 64]
+    assert recipe.target_profile("arm64-onnx").max_length == 64
+    assert recipe.target_profile("raspberry-pi-4").threads == 4  # the rest of the stock profile stays
