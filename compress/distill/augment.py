@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 
 from compress.data import Split
 from compress.distill.config import AugmentOptions
+from compress.distill.proposer import REPORT, fit_proposer
 from compress.errors import ModelError
 from compress.io import atomic_path, sha256_json
 
@@ -115,14 +116,22 @@ def variant(text: str, spans: list[Slot], choices: list[list[str]], prob: float,
 
 
 def augment_texts(
-    texts: list[str], tokenizer: Any, teacher: Any, options: AugmentOptions, seed: int
+    texts: list[str],
+    tokenizer: Any,
+    teacher: Any,
+    options: AugmentOptions,
+    seed: int,
+    mlm_folder: Path | None = None,
 ) -> list[list[str]]:
-    """``multiplier`` variants of every text (a variant may equal the text when it has no slot)."""
+    """``multiplier`` variants of every text (a variant may equal the text when it has no slot).
+
+    ``mlm_folder``: the masked LM of ``method: mlm`` (default: ``options.mlm_model``).
+    """
     words = word_tokens(tokenizer)
     wordset = set(words.tolist())
     spans = [slots(tokenizer, t, wordset) for t in tqdm(texts, desc="augment: word slots", leave=False)]
     if options.method == "mlm":
-        mlm = load_mlm(Path(options.mlm_model))
+        mlm = load_mlm(Path(mlm_folder or options.mlm_model))
         cand_ids = [
             mlm_candidates(mlm, tokenizer, t, s, words, options.candidates)
             for t, s in tqdm(
@@ -161,9 +170,16 @@ def augment_split(
     if path.is_file():
         rows = json.loads(path.read_text(encoding="utf-8"))
     else:
-        texts = augment_texts(split.texts, tokenizer, teacher, options, seed)
+        mlm_folder = None
+        if options.method == "mlm" and not options.mlm_model:
+            mlm_folder = Path(cache_dir) / "distill" / f"proposer-{key[:24]}"
+            if not (mlm_folder / REPORT).is_file():
+                fit_proposer(
+                    teacher, tokenizer, split.texts + (split.pairs or []), options.proposer, seed, mlm_folder
+                )
+        texts = augment_texts(split.texts, tokenizer, teacher, options, seed, mlm_folder)
         pairs = (
-            augment_texts(split.pairs, tokenizer, teacher, options, seed + 1)
+            augment_texts(split.pairs, tokenizer, teacher, options, seed + 1, mlm_folder)
             if split.pairs is not None
             else None
         )

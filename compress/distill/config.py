@@ -64,23 +64,33 @@ class MlmOptions(Strict):
         return (1.0, 0.0, 0.0) if self.whole_word else (0.8, 0.1, 0.1)
 
 
+class ProposerOptions(Strict):
+    """A masked-LM proposer fitted on the teacher's own encoder over the task's text (``method: mlm``
+    without ``mlm_model``): the teacher is a classifier and ships no MLM head, and none can be downloaded."""
+
+    epochs: int = Field(3, gt=0)
+    batch_size: int = Field(32, gt=0)
+    lr: float = Field(1e-3, gt=0)
+    train_layers: int = Field(1, ge=0)
+    """Top encoder layers trained with the head (on a copy; the teacher is never changed). The
+    teacher's last layers are tuned to its task, so a head alone predicts words poorly."""
+    masking: MlmOptions = Field(default_factory=lambda: MlmOptions(whole_word=True))
+    """Dynamic, whole-word masking by default (RoBERTa, BERT-wwm)."""
+    holdout: float = Field(0.05, ge=0, lt=0.5)
+    """Share of the texts held out to report the proposer's masked-token accuracy."""
+
+
 class AugmentOptions(Strict):
     """TinyBERT-style augmentation: each row gets ``multiplier`` variants with some words replaced."""
 
     multiplier: int = Field(4, ge=1)
     method: Literal["embedding", "mlm"] = "embedding"
     mlm_model: str | None = None
-    """A masked-LM folder sharing the teacher's vocabulary (needed for method: mlm)."""
+    """A masked-LM folder sharing the teacher's vocabulary (method: mlm); unset: fit one on the
+    teacher's encoder (``proposer``)."""
+    proposer: ProposerOptions = Field(default_factory=ProposerOptions)
     candidates: int = Field(15, ge=1)
     replace_prob: float = Field(0.4, gt=0, le=1)
-
-    @model_validator(mode="after")
-    def _mlm_needs_model(self) -> AugmentOptions:
-        if self.method == "mlm" and not self.mlm_model:
-            raise ValueError(
-                "method: mlm needs mlm_model: <folder of a masked-LM with the teacher's vocabulary>"
-            )
-        return self
 
 
 class UnlabelledData(Strict):

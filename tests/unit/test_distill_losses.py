@@ -127,8 +127,8 @@ def test_config_is_validated_at_the_door():
         MlmOptions(replace_rule=(0.5, 0.1, 0.1))
     with pytest.raises(ValidationError):
         DistillOptions(temperature=0)
-    with pytest.raises(ValidationError, match="mlm_model"):
-        DistillOptions.model_validate({"augment": {"method": "mlm"}})
+    with pytest.raises(ValidationError, match="train_layers"):
+        DistillOptions.model_validate({"augment": {"method": "mlm", "proposer": {"train_layers": -1}}})
     assert MlmOptions(whole_word=True).rule() == (1.0, 0.0, 0.0)
 
 

@@ -137,3 +137,40 @@ def test_slots_are_character_spans_of_one_token_words(tiny_bert_dir, text):
     spans = slots(tokenizer, text, set(word_tokens(tokenizer).tolist()))
     assert [text[s:e] for s, e, _ in spans] == text.split()
     assert all(w in POSITIVE + NEGATIVE + vocab_words() for w in text.split())
+
+
+def test_fitted_mlm_proposer_learns_the_texts_and_leaves_the_teacher_and_rng_alone(tmp_path, tiny_bert_dir):
+    from compress.distill.augment import load_mlm
+    from compress.distill.config import ProposerOptions
+    from compress.distill.proposer import REPORT, fit_proposer
+
+    teacher, tokenizer = load_classifier(tiny_bert_dir)
+    before = {k: v.clone() for k, v in teacher.state_dict().items()}
+    texts = [f"the {w} film was {v}" for w in ("long", "short", "new") for v in POSITIVE + NEGATIVE] * 8
+    options = ProposerOptions(epochs=6, lr=1e-2, train_layers=1, holdout=0.1)
+    torch.manual_seed(123)
+    rng_before = torch.get_rng_state()
+    report = fit_proposer(teacher, tokenizer, texts, options, 0, tmp_path / "proposer")
+    assert torch.equal(torch.get_rng_state(), rng_before)  # a cached run draws the same stream after it
+    assert all(torch.equal(v, teacher.state_dict()[k]) for k, v in before.items())
+    assert report["fit_texts"] + report["heldout_texts"] == len(texts) and report["heldout_masked_tokens"] > 0
+    # chance over the vocabulary is < 2%; "the" and "film"/"was" are predictable from position alone
+    assert report["heldout_top1"] > 0.2, report
+    assert json.loads((tmp_path / "proposer" / REPORT).read_text())["heldout_top1"] == report["heldout_top1"]
+    mlm = load_mlm(tmp_path / "proposer")
+    assert mlm.get_output_embeddings().weight.data_ptr() == mlm.get_input_embeddings().weight.data_ptr()
+    torch.testing.assert_close(mlm.get_input_embeddings().weight, teacher.get_input_embeddings().weight)
+
+
+def test_mlm_augmentation_without_a_model_fits_a_proposer_once(tmp_path, tiny_bert_dir):
+    teacher, tokenizer = load_classifier(tiny_bert_dir)
+    options = AugmentOptions(
+        multiplier=2, method="mlm", candidates=3, replace_prob=1.0, proposer={"epochs": 1, "holdout": 0.25}
+    )
+    rows = augment_split(split(), tokenizer, teacher, options, seed=0, cache_dir=tmp_path, teacher_sha="t")
+    assert len(rows.texts) == 2 * len(TEXTS)
+    proposers = list((tmp_path / "distill").glob("proposer-*"))
+    assert len(proposers) == 1 and (proposers[0] / "model.safetensors").is_file()
+    vocab = set(tokenizer.get_vocab())
+    changed = [v for v, t in zip(rows.texts, [t for t in TEXTS for _ in range(2)], strict=True) if v != t]
+    assert changed and all(w in vocab for v in changed for w in v.split() if w.isalpha())
