@@ -172,7 +172,8 @@ def augment_split(
     else:
         mlm_folder = None
         if options.method == "mlm" and not options.mlm_model:
-            mlm_folder = Path(cache_dir) / "distill" / f"proposer-{key[:24]}"
+            fit_key = sha256_json([split.sha256, options.proposer.model_dump(), seed, teacher_sha])
+            mlm_folder = Path(cache_dir) / "distill" / f"proposer-{fit_key[:24]}"
             if not (mlm_folder / REPORT).is_file():
                 fit_proposer(
                     teacher, tokenizer, split.texts + (split.pairs or []), options.proposer, seed, mlm_folder

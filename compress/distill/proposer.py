@@ -43,7 +43,7 @@ def trainable(model: Any, train_layers: int) -> list[torch.nn.Parameter]:
         param.requires_grad_(False)
     layers = list(encoder_layers(model))
     head = [m for name, m in model.named_children() if name != model.base_model_prefix]
-    for module in [*head, *layers[len(layers) - train_layers :]]:
+    for module in [*head, *layers[max(0, len(layers) - train_layers) :]]:
         for param in module.parameters():
             param.requires_grad_(True)
     model.get_input_embeddings().weight.requires_grad_(False)

@@ -106,11 +106,11 @@ def fold_weight_transposes(model: Any) -> int:
     from onnx import helper, numpy_helper
 
     graph = model.graph
-    inits = {init.name: init for init in graph.initializer}
+    overridable = {value.name for value in graph.input}  # an input's default: keep it as it is
+    inits = {init.name: init for init in graph.initializer if init.name not in overridable}
     readers: dict[str, int] = {}
-    for node in graph.node:
-        for name in node.input:
-            readers[name] = readers.get(name, 0) + 1
+    for name in [*_all_inputs(graph), *(o.name for o in graph.output)]:
+        readers[name] = readers.get(name, 0) + 1
     folded: dict[tuple[str, tuple[int, ...]], str] = {}
     renames: dict[str, str] = {}
     dropped = []
@@ -123,7 +123,9 @@ def fold_weight_transposes(model: Any) -> int:
         perm = perm or tuple(reversed(range(array.ndim)))
         key = (source.name, perm)
         if key not in folded:
-            folded[key] = f"{source.name}_Transposed"
+            taken = {init.name for init in graph.initializer} | set(folded.values())
+            name = f"{source.name}_Transposed"
+            folded[key] = name if name not in taken else f"{name}_{'_'.join(map(str, perm))}"
             graph.initializer.append(
                 numpy_helper.from_array(np.ascontiguousarray(array.transpose(perm)), folded[key])
             )
@@ -139,6 +141,17 @@ def fold_weight_transposes(model: Any) -> int:
     for init in unread:
         graph.initializer.remove(init)
     return len(dropped)
+
+
+def _all_inputs(graph: Any) -> list[str]:
+    """Every node input of ``graph``, its subgraphs' (If/Loop bodies) included."""
+    names = []
+    for node in graph.node:
+        names.extend(node.input)
+        for attr in node.attribute:
+            for sub in [attr.g, *attr.graphs] if attr.type in (5, 10) else []:
+                names.extend(_all_inputs(sub))
+    return names
 
 
 def strip_trace_metadata(model: Any) -> None:

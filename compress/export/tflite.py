@@ -161,6 +161,8 @@ def positions_from_mask(module: Classifier) -> Iterator[None]:
         return
     mask: dict[str, torch.Tensor] = {}
     wrapped = module.forward
+    missing = object()
+    saved = [m.__dict__.get("forward", missing) for m in (module, table)]
 
     def forward(input_ids: torch.Tensor, attention_mask: torch.Tensor, **rest: Any) -> Any:
         mask["now"] = attention_mask
@@ -174,7 +176,11 @@ def positions_from_mask(module: Classifier) -> Iterator[None]:
     try:
         yield
     finally:
-        del module.forward, table.forward
+        for m, before in zip((module, table), saved, strict=True):
+            if before is missing:
+                del m.forward
+            else:
+                m.forward = before
 
 
 def export_tflite(

@@ -4,7 +4,7 @@ A quantizer quietly skips what it does not recognise: onnxruntime leaves a weigh
 ``Transpose`` stands between it and its MatMul (a tied layer's weight, read by several layers, was
 7 MB of a 10 MB "int8" file). So every int8 artifact is read back, and a float constant of at least
 ``LARGE`` bytes fails it, unless every op that reads it was kept float on purpose (``float_layers``,
-``exclude_nodes``, the logits op).
+``exclude_nodes``, op types outside a recipe's ``op_types``, the logits op).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from compress.errors import ExportError
 
@@ -23,11 +24,40 @@ _ONNX_FLOATS = {1: 4, 10: 2, 11: 8, 16: 2}  # FLOAT, FLOAT16, DOUBLE, BFLOAT16: 
 _TFLITE_FLOATS = {0: 4, 1: 2, 10: 8}  # FLOAT32, FLOAT16, FLOAT64
 
 
-def onnx_float_constants(path: Path, float_nodes: Iterable[str] = ()) -> dict[str, int]:
-    """Float initializers of ``LARGE`` bytes or more, by name, except those only float nodes read."""
+def weight_fingerprints(module: Any) -> set[str]:
+    """Content hashes of ``module``'s large float weights, as stored and transposed.
+
+    Lets a check recognise a float-on-purpose weight in a graph whose node names no longer say which
+    layer they came from (the PT2E export, re-traced and constant-folded by onnxruntime).
+    """
+    found = set()
+    for param in module.parameters():
+        array = param.detach().float().cpu().numpy()
+        if array.nbytes >= LARGE:
+            found.add(_fingerprint(array))
+            if array.ndim == 2:
+                found.add(_fingerprint(array.T))
+    return found
+
+
+def _fingerprint(array: Any) -> str:
+    import hashlib
+
+    import numpy as np
+
+    data = np.ascontiguousarray(array, dtype=np.float32)
+    return f"{list(data.shape)}:{hashlib.sha256(data.tobytes()).hexdigest()}"
+
+
+def onnx_float_constants(
+    path: Path, float_nodes: Iterable[str] = (), float_weights: set[str] | None = None
+) -> dict[str, int]:
+    """Float initializers of ``LARGE`` bytes or more, by name, except those only float nodes read and
+    those whose content is one of ``float_weights`` (see ``weight_fingerprints``)."""
     import math
 
     import onnx
+    from onnx import numpy_helper
 
     graph = onnx.load(str(path), load_external_data=False).graph
     kept = set(float_nodes)
@@ -40,6 +70,8 @@ def onnx_float_constants(path: Path, float_nodes: Iterable[str] = ()) -> dict[st
         size = math.prod(init.dims) * _ONNX_FLOATS.get(init.data_type, 0)
         users = readers.get(init.name, [])
         if size >= LARGE and not (users and all(user in kept for user in users)):
+            if float_weights and _fingerprint(numpy_helper.to_array(init)) in float_weights:
+                continue
             found[init.name] = size
     return found
 
@@ -82,5 +114,5 @@ def require_int8_constants(artifact: str, found: dict[str, int]) -> None:
         f"{artifact}: {len(found)} constant(s) of >= {LARGE // 1024} KiB stayed float "
         f"({sum(found.values()):,} bytes; largest {short}, {found[largest]:,} bytes) in an int8 "
         "artifact; the quantizer did not cover them: keep their layers float on purpose "
-        "(float_layers) or report it as a compress bug"
+        "(float_layers, exclude_nodes or op_types) or report it as a compress bug"
     )

@@ -57,6 +57,16 @@ def nodes_in_layers(model_path: Path, layers: list[str]) -> list[str]:
     return found
 
 
+def nodes_of_other_types(model_path: Path, op_types: list[str]) -> list[str]:
+    """Names of the nodes a recipe's ``op_types`` leaves float on purpose (none when it sets no op_types)."""
+    import onnx
+
+    if not op_types:
+        return []
+    graph = onnx.load(str(model_path), load_external_data=False).graph
+    return [node.name for node in graph.node if node.op_type not in op_types]
+
+
 def store_tables_int8(source: Path, target: Path) -> None:
     """Write ``source`` to ``target`` with the float tables that Gather reads (the embeddings) stored int8.
 
@@ -117,6 +127,7 @@ def quantize_onnx(
     )
 
     source = float_dir / "model.onnx"
+    chosen_types = list(op_types or [])
     excluded = list(exclude_nodes or [])
     check_node_names(source, excluded)
     excluded += [n for n in nodes_in_layers(source, float_layers or []) if n not in excluded]
@@ -163,7 +174,8 @@ def quantize_onnx(
             ) from None
         artifact = name or Path(out_dir).name
         kept_float = onnx_float_constants(target)
-        require_int8_constants(artifact, onnx_float_constants(target, excluded))
+        on_purpose = excluded + nodes_of_other_types(source, chosen_types)
+        require_int8_constants(artifact, onnx_float_constants(target, on_purpose))
         quantization = {
             "tool": "onnxruntime.quantization",
             "scheme": scheme,

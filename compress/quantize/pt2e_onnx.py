@@ -71,7 +71,8 @@ def export_search_winner(
         folded.unlink()
         merged = tidy_onnx(path)
         kept_float = onnx_float_constants(path)
-        require_int8_constants(name, onnx_float_constants(path, nodes_in_layers(path, search.float_layers)))
+        float_nodes = nodes_in_layers(path, search.float_layers)
+        require_int8_constants(name, onnx_float_constants(path, float_nodes, search.float_weights))
         cases = [
             dict(zip(names, (t.numpy() for t in batch_), strict=True)) for batch_ in search.check_batches
         ]

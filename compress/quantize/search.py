@@ -44,6 +44,8 @@ class SearchResult:
     calibration_samples: int
     max_positions: int
     model: Any = field(repr=False)
+    float_weights: set[str] = field(repr=False)
+    """Fingerprints of the float layers' weights (``compress.quantize.constants.weight_fingerprints``)."""
     example: tuple = field(repr=False)
     check_batches: list[tuple] = field(repr=False)
 
@@ -214,7 +216,10 @@ def search_float_layers(
         {"float_layers": len(candidates[i]), "score": s, "passed": s >= threshold}
         for i, s in enumerate(results)
     ]
+    from compress.quantize.constants import weight_fingerprints
+
     strip = len("model.")
+    kept = set().union(*(weight_fingerprints(module.get_submodule(layer)) for layer in candidates[best]))
     return SearchResult(
         float_layers=[layer[strip:] for layer in candidates[best]],
         met=bool(passed),
@@ -225,6 +230,7 @@ def search_float_layers(
         calibration_samples=len(calibration[0]),
         max_positions=max_positions(model),
         model=winner,
+        float_weights=kept,
         example=example,
         check_batches=batches(
             tokenizer, names, (texts[:16], pairs[:16] if pairs else None), max_length, size=8

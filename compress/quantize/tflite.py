@@ -30,7 +30,7 @@ STATIC_OPS = ["FULLY_CONNECTED", "BATCH_MATMUL"]
 """Static default: int8 matmuls, float LayerNorm/Softmax/GELU. Full-integer (every op int8) dropped the
 SST-2 MiniLM teacher to 82% agreement; matmuls only kept 97% (300 dev rows)."""
 TABLE_OPS = ["EMBEDDING_LOOKUP"]
-"""Static (not full-integer) also stores the embedding tables int8, weight-only: a lookup only copies
+"""Static (full-integer too) also stores the embedding tables int8, weight-only: a lookup only copies
 rows, so nothing is computed in int8, but without it the word table (V x H floats, 47 MB for a
 BERT vocabulary at H=384) stays fp32 and the static file is 2.5x the size of the dynamic one."""
 
@@ -92,11 +92,8 @@ def build_quantizer(
             q.add_static_config(
                 ".*", op, activation_num_bits=8, weight_num_bits=8, weight_granularity=granularity
             )
-        if not full_integer:
-            for op in TABLE_OPS:
-                q.add_weight_only_config(
-                    ".*", qtyping.TFLOperationName(op), num_bits=8, granularity=granularity
-                )
+        for op in TABLE_OPS:  # no static policy covers a lookup table: full-integer files too
+            q.add_weight_only_config(".*", qtyping.TFLOperationName(op), num_bits=8, granularity=granularity)
         q.update_quantization_recipe(LOGITS_SCOPE, every, algorithm_key=AlgorithmName.NO_QUANTIZE)
     for layer in float_layers:
         q.update_quantization_recipe(layer_scope(layer), every, algorithm_key=AlgorithmName.NO_QUANTIZE)

@@ -116,3 +116,39 @@ def test_positions_from_mask_match_the_table_on_real_tokens_and_restore_the_mode
             during = module(**batch)["logits"]
     torch.testing.assert_close(during, before, rtol=1e-5, atol=1e-5)
     assert "forward" not in module.__dict__ and "forward" not in table.__dict__
+
+
+@pytest.mark.slow
+def test_full_integer_tflite_stores_the_lookup_tables_int8_too(tmp_path):
+    from compress.export import SAMPLE_TEXTS, input_names
+    from compress.export.tflite import export_tflite
+    from compress.quantize.constants import tflite_float_constants
+    from compress.quantize.tflite import quantize_tflite, signature_feeds
+    from compress.targets import load_target
+    from tests.helpers.tiny import make_tiny_bert
+
+    model, tokenizer = load_classifier(make_tiny_bert(tmp_path / "m", hidden=128))
+    manifest = export_tflite(model, tokenizer, tmp_path / "fp32", load_target("raspberry-pi-4"))
+    feeds = signature_feeds(
+        tokenizer, input_names(model), SAMPLE_TEXTS * 2, None, manifest["sequence_lengths"]
+    )
+    out = quantize_tflite(
+        tmp_path / "fp32", tmp_path / "int8", scheme="static", calibration=feeds, full_integer=True
+    )
+    assert tflite_float_constants(tmp_path / "int8" / "model.tflite") == {}
+    assert out["quantization"]["float_constant_bytes"] == 0
+
+
+def test_fold_weight_transposes_leaves_an_overridable_input_default_alone():
+    model = _shared_transpose_graph(np.ones((4, 4), np.float32))
+    model.graph.input.append(helper.make_tensor_value_info("W", TensorProto.FLOAT, [4, 4]))
+    assert fold_weight_transposes(model) == 0
+    assert [n.op_type for n in model.graph.node].count("Transpose") == 2
+
+
+def test_fold_weight_transposes_keeps_a_weight_that_is_also_a_graph_output():
+    model = _shared_transpose_graph(np.ones((4, 4), np.float32))
+    model.graph.output.append(helper.make_tensor_value_info("W", TensorProto.FLOAT, [4, 4]))
+    fold_weight_transposes(model)
+    assert sorted(i.name for i in model.graph.initializer) == ["W", "W_Transposed"]
+    onnx.checker.check_model(model)

@@ -171,3 +171,38 @@ def test_a_scheme_for_a_target_the_stage_does_not_quantize_is_an_error(tmp_path,
     stage_yaml = "  - type: quantize\n    scheme: {arm64-onnx: dynamic, android-arm64: dynamic}\n"
     with pytest.raises(RecipeError, match="'android-arm64' is not a target of this stage"):
         run_tiny(tmp_path, tiny_bert_dir, reviews, stage_yaml)
+
+
+@pytest.fixture(scope="module")
+def wide_bert_dir(tmp_path_factory):
+    """Hidden 128: its weights (64-128 KiB each) are large enough for the int8 constant check."""
+    from tests.helpers.tiny import make_tiny_bert
+
+    return make_tiny_bert(tmp_path_factory.mktemp("wide-bert"), hidden=128)
+
+
+@pytest.mark.slow
+def test_auto_keeps_its_searched_float_layers_float_and_every_other_large_weight_int8(
+    tmp_path, wide_bert_dir, reviews
+):
+    stage_yaml = (
+        "  - type: quantize\n    scheme: auto\n    max_trials: 1\n    float_layers: [bert.encoder.layer.1]\n"
+    )
+    result = run_tiny(tmp_path, wide_bert_dir, reviews, stage_yaml)
+    stage = next(s for s in result.stages if s.type == "quantize")
+    quantization = read_json(stage.dir / "arm64-onnx-int8" / "manifest.json")["quantization"]
+    assert "bert.encoder.layer.1" in quantization["float_layers"]
+    assert quantization["float_constant_bytes"] >= 4 * 64 * 1024  # layer 1's weights, float on purpose
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "stage_yaml", ["    op_types: [MatMul]\n", "    scheme: static\n    op_types: [MatMul, Gemm]\n"]
+)
+def test_op_types_that_leave_the_tables_float_are_float_on_purpose(
+    tmp_path, wide_bert_dir, reviews, stage_yaml
+):
+    result = run_tiny(tmp_path, wide_bert_dir, reviews, "  - type: quantize\n" + stage_yaml)
+    stage = next(s for s in result.stages if s.type == "quantize")
+    quantization = read_json(stage.dir / "arm64-onnx-int8" / "manifest.json")["quantization"]
+    assert quantization["float_constant_bytes"] > 0  # the word table, which no chosen op type reads
