@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from compress.errors import CompressError
-from compress.io import atomic_path, read_json, sha256_file
+from compress.io import atomic_path, sha256_file
+from compress.subjects import REDO_ARTIFACT, read_artifact_manifest, read_labels
 
 log = logging.getLogger(__name__)
 
@@ -92,13 +93,19 @@ def readme_text(manifest: dict[str, Any], labels: list[str], bundle_name: str) -
 
 def bundle_files(artifact: Path, target_threads: int, bundle_name: str) -> dict[str, bytes]:
     """Every file of the bundle by name, the artifact's own files checked against its manifest first."""
-    source = read_json(artifact / "manifest.json")
+    checked = read_artifact_manifest(artifact)
+    source = checked.model_dump(by_alias=True)
     files: dict[str, bytes] = {}
-    for entry in source["files"]:
-        path = artifact / entry["path"]
-        if not path.is_file() or sha256_file(path) != entry["sha256"]:
+    for entry in checked.files:
+        path = artifact / entry.path
+        if not path.resolve().is_relative_to(artifact.resolve()):
+            raise CompressError(
+                f"{artifact / 'manifest.json'}: {entry.path!r} links outside the artifact folder; "
+                f"{REDO_ARTIFACT}"
+            )
+        if not path.is_file() or sha256_file(path) != entry.sha256:
             raise CompressError(f"{path}: missing or changed since export (sha256); run the recipe again")
-        files[entry["path"]] = path.read_bytes()
+        files[entry.path] = path.read_bytes()
     manifest = {key: source.get(key) for key in KEPT}
     manifest.update(
         schema=BUNDLE_SCHEMA,
@@ -111,7 +118,7 @@ def bundle_files(artifact: Path, target_threads: int, bundle_name: str) -> dict[
     files["runner.py"] = RUNNER.read_bytes()
     for name, lines in requirement_lines(manifest["format"]).items():
         files[name] = ("\n".join(lines) + "\n").encode()
-    files["README.txt"] = readme_text(manifest, read_json(artifact / "labels.json"), bundle_name).encode()
+    files["README.txt"] = readme_text(manifest, read_labels(artifact / "labels.json"), bundle_name).encode()
     manifest["files"] = [
         {"path": name, "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
         for name, data in sorted(files.items())
@@ -146,17 +153,16 @@ def make_bundle(run_dir: str | Path, target: str, out_file: str | Path | None = 
     folder = f"{run_dir.resolve().name}-{target}"
     out = Path(out_file) if out_file else run_dir / "bundles" / f"{folder}.tar.gz"
     files = bundle_files(artifact, profile.threads, f"{folder}.tar.gz")
-    manifest = read_json(artifact / "manifest.json")
-    model_name = f"model.{manifest['format']}"
-    write_tar(out, folder, files, int((artifact / model_name).stat().st_mtime))
+    manifest = read_artifact_manifest(artifact)
+    write_tar(out, folder, files, int((artifact / f"model.{manifest.format}").stat().st_mtime))
     return {
         "path": str(out),
         "bytes": out.stat().st_size,
         "sha256": sha256_file(out),
         "folder": folder,
-        "artifact": manifest.get("name") or str(artifact),
-        "format": manifest["format"],
-        "precision": manifest.get("precision"),
+        "artifact": manifest.name or str(artifact),
+        "format": manifest.format,
+        "precision": manifest.precision,
         "target": target,
         "files": {name: len(data) for name, data in sorted(files.items())},
     }

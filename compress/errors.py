@@ -36,6 +36,20 @@ class RunLockedError(CompressError):
     """Another compress process holds the run folder."""
 
 
+class UnreadableFile(CompressError, OSError):
+    """A file compress needs that is missing, not a regular file or not readable.
+
+    Also an ``OSError`` so code that treats an unreadable optional file as absent keeps doing so.
+    """
+
+
+class BadFile(CompressError, ValueError):
+    """A file that was read but whose content compress cannot use (syntax, shape, size, depth).
+
+    Also a ``ValueError`` so code that treats a corrupt optional file as absent keeps doing so.
+    """
+
+
 class GateFailure(CompressError):
     """One or more gates failed; the CLI exits 1 instead of 2."""
 

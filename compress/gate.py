@@ -8,6 +8,7 @@ worse, slower or bigger fails the build even when it is still above the absolute
 from __future__ import annotations
 
 import fnmatch
+import logging
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -20,6 +21,7 @@ from compress.recipe import BaselineGates, GatesConfig
 
 Entry = dict[str, Any]
 _EPS = 1e-9
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -173,9 +175,41 @@ def baseline_verdicts(
         drop = _drop(_metric(old, "accuracy"), _metric(new, "accuracy"))
         out.append(_judge("baseline.max_accuracy_drop", name, drop, rules.max_accuracy_drop, False))
         out.append(_latency_verdict(name, new, old, rules))
-        rise = new["bytes"] / old["bytes"] - 1 if old.get("bytes") else None
+        rise = new["bytes"] / old["bytes"] - 1 if old.get("bytes") and new.get("bytes") is not None else None
         out.append(_judge("baseline.max_bytes_rise", name, rise, rules.max_bytes_rise, False))
     return out
+
+
+def _known_keys(config: dict[str, Any], model: type[Any], where: str) -> dict[str, Any]:
+    """``config`` without keys ``model`` does not know: a newer compress may add gates (a compatible
+    addition of the report schema); this version cannot judge them, so it says so and goes on."""
+    known = {}
+    for key, value in config.items():
+        if key not in model.model_fields:
+            log.warning("%s: gate %r is not known to this compress version; not judged", where, key)
+        elif key == "baseline" and isinstance(value, dict):
+            known[key] = _known_keys(value, BaselineGates, f"{where}.baseline")
+        else:
+            known[key] = value
+    return known
+
+
+def gates_from_report(config: Any, where: str = "report.json") -> GatesConfig | None:
+    """The ``gates_config`` of a report as a ``GatesConfig``, or one line naming the bad key."""
+    from pydantic import ValidationError
+
+    from compress.io import schema_error_line
+
+    if config is None:
+        return None
+    if not isinstance(config, dict):
+        raise CompressError(f"{where}: gates_config must be a mapping, got {type(config).__name__}")
+    try:
+        return GatesConfig.model_validate(_known_keys(config, GatesConfig, f"{where} gates_config"))
+    except ValidationError as exc:
+        raise CompressError(
+            schema_error_line(f"{where} gates_config", exc, "fix the recipe's gates and run it again")
+        ) from None
 
 
 def check_gates(
@@ -183,7 +217,7 @@ def check_gates(
 ) -> list[Verdict]:
     """Every verdict for ``report``: target budgets, absolute gates, then regressions against ``baseline``."""
     if isinstance(gates, dict):
-        gates = GatesConfig.model_validate(gates)
+        gates = gates_from_report(gates, str(report.get("run") or "report.json"))
     verdicts = budget_verdicts(report, gates) + (absolute_verdicts(report, gates) if gates else [])
     if baseline is not None:
         rules = gates.baseline if gates and gates.baseline else BaselineGates()
@@ -195,10 +229,15 @@ def load_baseline(config: dict[str, Any] | None, path: str | Path | None = None)
     """The baseline report: ``path`` if given, else the one ``gates.baseline.report`` names, else None."""
     from compress.report import load_report
 
-    path = path or ((config or {}).get("baseline") or {}).get("report")
+    configured = ((config or {}).get("baseline") or {}) if isinstance(config, dict) else {}
+    path = path or (configured.get("report") if isinstance(configured, dict) else None)
     if not path:
         return None
-    if not Path(path).is_file():
+    if not isinstance(path, (str, Path)):
+        raise CompressError(
+            f"gates_config.baseline.report: {path!r} is not a path; fix gates.baseline.report"
+        )
+    if not Path(path).exists() and not Path(path).is_symlink():
         raise CompressError(
             f"baseline report {path} not found; copy a good run's report.json there "
             "or remove gates.baseline.report"
@@ -212,7 +251,8 @@ def check_report_file(report_path: str | Path, baseline_path: str | Path | None 
 
     report = load_report(report_path)
     config = report.get("gates_config")
-    verdicts = check_gates(report, config, load_baseline(config, baseline_path))
+    gates = gates_from_report(config, f"{report_path}")
+    verdicts = check_gates(report, gates, load_baseline(config, baseline_path))
     if not verdicts:
         raise CompressError(
             f"{report_path}: no gates to check (no gates: in the recipe or none matching apply_to, no target "

@@ -1,7 +1,10 @@
-"""Atomic file writes and content hashes.
+"""Atomic file writes, checked reads and content hashes.
 
 Every file compress produces is written to a temporary name in the same folder and renamed into
-place, so an interrupted run never leaves a half-written file that looks finished.
+place, so an interrupted run never leaves a half-written file that looks finished; only a regular
+file (or nothing) is ever replaced. Every JSON file compress reads goes through ``read_json`` (a
+size, depth and syntax check) and, where its shape matters, ``read_model`` (a pydantic schema), so
+a damaged file is one line naming the file, the key and the fix instead of a traceback.
 """
 
 from __future__ import annotations
@@ -12,14 +15,26 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from compress.errors import CompressError
+from compress.errors import BadFile, CompressError, UnreadableFile
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel, ValidationError
+
+    Model = TypeVar("Model", bound=BaseModel)
 
 _CHUNK = 1 << 20
+MAX_JSON_BYTES = 256 << 20
+"""Larger than any report or manifest compress writes; a bigger file is not one of ours."""
+MAX_JSON_DEPTH = 64
+"""compress nests its JSON at most ~8 levels; deeper documents only exhaust the stack."""
+WRITE_THROUGH = ("/dev/stdout", "/dev/stderr")
+"""Outputs written in place (not replaced): the user asked for the stream, not a file there."""
 
 
 def _umask() -> int:
@@ -73,10 +88,195 @@ def _raise_os_error(path: Path, exc: OSError) -> None:
     raise CompressError(f"{path}: {exc.strerror or exc}") from exc
 
 
+def _kind(mode: int) -> str:
+    """What a non-regular file is, in words a user recognises."""
+    for test, name in (
+        (stat.S_ISDIR, "a folder"),
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _stat_error(path: Path, exc: OSError, fix: str) -> UnreadableFile:
+    """The one-line cause of a failed stat/open: a loop or a permission problem is not 'not found'."""
+    if exc.errno == errno.ENOENT:
+        return UnreadableFile(f"{path}: not found; {fix}")
+    if exc.errno == errno.ELOOP:
+        return UnreadableFile(f"{path}: symbolic link loop; point the link at a real file")
+    if exc.errno == errno.ENOTDIR:
+        return UnreadableFile(f"{path}: a part of the path is a file, not a folder; fix the path")
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return UnreadableFile(f"{path}: not readable (permission denied); check its permissions")
+    if exc.errno == errno.ENAMETOOLONG:
+        return UnreadableFile(f"{path}: file name too long; shorten the path")
+    return UnreadableFile(f"{path}: cannot read ({exc.strerror or exc})")
+
+
+def read_bytes(path: str | Path, *, limit: int = MAX_JSON_BYTES, fix: str = "check the path") -> bytes:
+    """The bytes of a regular file of at most ``limit`` bytes.
+
+    A FIFO or device is refused before it is opened (opening a FIFO blocks until a writer comes,
+    /dev/zero never ends), and at most ``limit + 1`` bytes are read in case the file grows.
+    """
+    path = Path(path)
+    try:
+        info = os.stat(path)
+    except OSError as exc:
+        raise _stat_error(path, exc, fix) from None
+    if stat.S_ISDIR(info.st_mode):
+        raise UnreadableFile(f"{path}: is a folder, expected a file; {fix}")
+    if not stat.S_ISREG(info.st_mode):
+        raise UnreadableFile(
+            f"{path}: is {_kind(info.st_mode)}, not a regular file; save the content to a file"
+        )
+    if info.st_size > limit:
+        raise BadFile(f"{path}: {info.st_size} bytes, more than the {limit} compress reads; {fix}")
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        with os.fdopen(fd, "rb") as handle:
+            data = handle.read(limit + 1)
+    except OSError as exc:
+        raise _stat_error(path, exc, fix) from None
+    if len(data) > limit:
+        raise BadFile(f"{path}: more than the {limit} bytes compress reads; {fix}")
+    return data
+
+
+def _depth(value: Any) -> int:
+    """Nesting depth of a parsed JSON value, without recursion (the value may be deep)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        node, level = stack.pop()
+        if isinstance(node, (dict, list)):
+            deepest = max(deepest, level)
+            children = node.values() if isinstance(node, dict) else node
+            stack.extend((child, level + 1) for child in children if isinstance(child, (dict, list)))
+    return deepest
+
+
+def read_json(
+    path: str | Path,
+    *,
+    limit: int = MAX_JSON_BYTES,
+    max_depth: int = MAX_JSON_DEPTH,
+    fix: str = "check the path",
+    redo: str = "write it again with the command that made it",
+) -> Any:
+    """A JSON file, checked: a regular file of at most ``limit`` bytes, UTF-8, valid, ``max_depth`` deep.
+
+    ``fix`` is the advice when the file is missing or unreadable, ``redo`` when its content is bad.
+    """
+    path = Path(path)
+    raw = read_bytes(path, limit=limit, fix=fix)
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise BadFile(f"{path}: not UTF-8 (byte {exc.start}); {redo}") from None
+    deep = BadFile(f"{path}: JSON nested deeper than {max_depth} levels; {redo}")
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        where = f"line {exc.lineno} column {exc.colno}"
+        raise BadFile(f"{path}: not valid JSON ({exc.msg} at {where}); {redo}") from None
+    except RecursionError:
+        raise deep from None
+    except ValueError as exc:  # e.g. an integer literal longer than Python's digit limit
+        raise BadFile(f"{path}: not valid JSON ({str(exc).splitlines()[0]}); {redo}") from None
+    if _depth(value) > max_depth:
+        raise deep
+    return value
+
+
+def _short(value: Any) -> str:
+    import reprlib
+
+    short = reprlib.Repr()
+    short.maxlevel, short.maxlist, short.maxdict, short.maxstring, short.maxother = 1, 3, 3, 40, 40
+    return short.repr(value)
+
+
+def schema_error_line(path: str | Path, exc: ValidationError, redo: str) -> str:
+    """The first schema problem as one line: ``file: key.path: problem (got value); fix``."""
+    err = exc.errors()[0]
+    loc = ""
+    for part in err["loc"]:
+        loc += f"[{part}]" if isinstance(part, int) else (f".{part}" if loc else str(part))
+    problem = err["msg"].removeprefix("Value error, ")
+    problem = problem[:1].lower() + problem[1:]
+    got = "" if err["type"] == "missing" else f" (got {_short(err.get('input'))})"
+    return f"{path}: {loc or 'top level'}: {problem}{got}; {redo}"
+
+
+def read_model(
+    path: str | Path,
+    model: type[Model],
+    *,
+    fix: str = "check the path",
+    redo: str = "write it again with the command that made it",
+) -> Model:
+    """A JSON file validated against a pydantic ``model``: what the rest of compress may trust."""
+    from pydantic import ValidationError
+
+    data = read_json(path, fix=fix, redo=redo)
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise BadFile(schema_error_line(path, exc, redo)) from None
+
+
+def _output_kind(target: Path) -> str | None:
+    """None for a path compress may replace (a regular file, a link to one, or nothing), else 'stream'.
+
+    Anything else (a folder, FIFO, device or socket) raises: ``os.replace`` would swap it for a file,
+    which for ``--junit /dev/null`` as root replaces the system's /dev/null.
+    """
+    try:
+        info = os.stat(target)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ENOTDIR:
+            return None  # mkdir below names the file in the way
+        raise _stat_error(target, exc, "fix the path") from None
+    if stat.S_ISREG(info.st_mode):
+        return None
+    if str(target) in WRITE_THROUGH and (stat.S_ISCHR(info.st_mode) or stat.S_ISFIFO(info.st_mode)):
+        return "stream"
+    raise CompressError(
+        f"{target}: is {_kind(info.st_mode)}; compress writes its outputs as regular files, "
+        "so give a file path (e.g. out/result.json)"
+    )
+
+
+@contextlib.contextmanager
+def _write_through(target: Path) -> Iterator[Path]:
+    """For /dev/stdout and /dev/stderr: build the output privately, then copy it into the stream."""
+    folder = Path(tempfile.mkdtemp(prefix="compress-out-"))
+    try:
+        tmp = folder / target.name
+        yield tmp
+        try:
+            with open(tmp, "rb") as source, open(target, "wb") as sink:
+                shutil.copyfileobj(source, sink)
+        except OSError as exc:
+            _raise_os_error(target, exc)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; rename it into place only if the block succeeds."""
     target = Path(path)
+    if _output_kind(target) == "stream":
+        with _write_through(target) as tmp:
+            yield tmp
+        return
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
@@ -103,11 +303,6 @@ def write_text_atomic(path: str | Path, text: str) -> None:
 
 def write_json_atomic(path: str | Path, value: Any) -> None:
     write_text_atomic(path, json.dumps(value, indent=2, sort_keys=False, default=str) + "\n")
-
-
-def read_json(path: str | Path) -> Any:
-    with open(path, encoding="utf-8") as handle:
-        return json.load(handle)
 
 
 @contextlib.contextmanager

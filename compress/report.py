@@ -20,7 +20,8 @@ Schema ``compress.report/1`` (top-level keys of report.json):
 - ``gates_config``: the recipe's ``gates`` (baseline path resolved), so ``compress gate`` needs no recipe;
   ``gates``: [{gate, artifact, value, threshold, verdict (pass|fail|skip), detail}]; ``passed``.
 
-Additions keep the version; a renamed or removed key bumps it to ``compress.report/2``.
+Additions keep the version; a renamed or removed key bumps it to ``compress.report/2``. So a reader
+checks the keys it uses (``ReportFile``) and keeps any others.
 """
 
 from __future__ import annotations
@@ -28,36 +29,103 @@ from __future__ import annotations
 import logging
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, Strict, StrictStr
 
 from compress.errors import CompressError
-from compress.io import read_json, write_json_atomic, write_text_atomic
+from compress.io import read_json, read_model, write_json_atomic, write_text_atomic
 
 log = logging.getLogger(__name__)
 
 SCHEMA = "compress.report/1"
 DEVICE_SCHEMA = "compress.device-benchmark/1"
+REDO_REPORT = "delete it and run `compress report RUN` to evaluate the run again"
+REDO_DEVICE = "write it again with the bundle's `runner.py benchmark --out FILE`"
+
+Num = Annotated[float, Strict()] | None
+"""A measured number (int or float, never a string or bool), or None when not measured."""
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class Metrics(_Open):
+    accuracy: Num = None
+    f1: Num = None
+    macro_f1: Num = None
+    agreement: Num = None
+    mean_kl: Num = None
+    max_abs_logit_diff: Num = None
+    peak_rss_bytes: Num = None
+    latency_ms: dict[str, Num] | None = None
+    throughput: dict[str, Num] | None = None
+    per_class: dict[str, dict[str, Num]] | None = None
+
+
+class Entry(_Open):
+    name: StrictStr
+    role: StrictStr = "artifact"
+    target: StrictStr | None = None
+    bytes: Num = None
+    parameters: Num = None
+    metrics: Metrics
+    measured: dict[str, Any] = Field(default_factory=dict)
+    budgets: dict[str, Annotated[float, Strict()]] | None = None
+
+
+class DeviceRow(_Open):
+    artifact: StrictStr
+    runtime: StrictStr
+    latency_ms: dict[str, Num]
+
+
+class GateRow(_Open):
+    gate: StrictStr
+    artifact: StrictStr
+    value: Num
+    threshold: Annotated[float, Strict()]
+    verdict: Literal["pass", "fail", "skip"]
+    detail: StrictStr = ""
+
+
+class ReportFile(_Open):
+    """report.json as far as compress uses it; unknown keys (a newer minor version's) are kept."""
+
+    schema_: Literal["compress.report/1"] = Field(alias="schema")
+    data: dict[str, Any] = Field(default_factory=dict)
+    teacher: Entry | None = None
+    checkpoints: list[Entry] = Field(default_factory=list)
+    artifacts: list[Entry] = Field(default_factory=list)
+    device_results: list[DeviceRow] = Field(default_factory=list)
+    gates_config: dict[str, Any] | None = None
+    gates: list[GateRow] = Field(default_factory=list)
+
+
+class DeviceResult(_Open):
+    """One result of the runner's ``benchmark --out``."""
+
+    schema_: Literal["compress.device-benchmark/1"] = Field(alias="schema")
+    model_sha256: Annotated[StrictStr, Field(pattern=r"^[0-9a-f]{64}$")]
+    device: dict[str, Any] = Field(default_factory=dict)
+    interpreter: dict[str, Any] = Field(default_factory=dict)
+    latency_ms: dict[str, Num]
 
 
 def load_report(path: str | Path) -> dict[str, Any]:
+    """A report.json checked against ``ReportFile``; the dict as written (with any newer keys)."""
     path = Path(path)
     if path.is_dir():
         path = path / "report.json"
-    try:
-        report = read_json(path)
-    except FileNotFoundError:
+    report = read_json(path, fix="`compress run RECIPE` writes runs/<name>/report.json", redo=REDO_REPORT)
+    schema = report.get("schema") if isinstance(report, dict) else type(report).__name__
+    if schema != SCHEMA:
         raise CompressError(
-            f"{path}: no report; `compress run RECIPE` writes runs/<name>/report.json"
-        ) from None
-    except ValueError as exc:
-        raise CompressError(
-            f"{path}: not valid JSON ({exc}); regenerate it with `compress report RUN`"
-        ) from None
-    if not isinstance(report, dict) or report.get("schema") != SCHEMA:
-        found = report.get("schema") if isinstance(report, dict) else type(report).__name__
-        raise CompressError(
-            f"{path}: schema {found!r} is not {SCHEMA!r}; regenerate it with `compress report RUN`"
+            f"{path}: schema {schema!r} is not {SCHEMA!r}; read it with the compress that wrote it, "
+            f"or {REDO_REPORT}"
         )
+    read_model(path, ReportFile, redo=REDO_REPORT)
     return report
 
 
@@ -126,12 +194,18 @@ def build_run_report(run_dir: str | Path, recipe: Any) -> dict[str, Any]:
 
 
 def _device_row(result: dict[str, Any], artifacts: list[dict[str, Any]], source: Path) -> dict[str, Any]:
-    if result.get("schema") != DEVICE_SCHEMA:
-        raise CompressError(
-            f"{source}: schema {result.get('schema')!r} is not {DEVICE_SCHEMA!r}; "
-            "write it with the bundle's `runner.py benchmark --out FILE`"
-        )
-    match = [a for a in artifacts if a["sha256"] == result.get("model_sha256")]
+    from pydantic import ValidationError
+
+    from compress.io import schema_error_line
+
+    schema = result.get("schema") if isinstance(result, dict) else type(result).__name__
+    if schema != DEVICE_SCHEMA:
+        raise CompressError(f"{source}: schema {schema!r} is not {DEVICE_SCHEMA!r}; {REDO_DEVICE}")
+    try:
+        DeviceResult.model_validate(result)
+    except ValidationError as exc:
+        raise CompressError(schema_error_line(source, exc, REDO_DEVICE)) from None
+    match = [a for a in artifacts if a.get("sha256") == result.get("model_sha256")]
     if not match:
         raise CompressError(
             f"{source}: model sha256 {str(result.get('model_sha256'))[:12]}… matches no artifact "
@@ -157,12 +231,9 @@ def _device_row(result: dict[str, Any], artifacts: list[dict[str, Any]], source:
 def merge_device_results(report: dict[str, Any], path: str | Path) -> None:
     """Add rows from a device benchmark file; a row for the same artifact, device and runtime is replaced."""
     path = Path(path)
-    try:
-        data = read_json(path)
-    except (OSError, ValueError) as exc:
-        raise CompressError(
-            f"{path}: cannot read device results ({exc}); pass the JSON from `runner.py benchmark --out FILE`"
-        ) from None
+    data = read_json(path, fix="pass the JSON from `runner.py benchmark --out FILE`", redo=REDO_DEVICE)
+    if isinstance(data, list) and not data:
+        raise CompressError(f"{path}: an empty list, no device results; {REDO_DEVICE}")
     rows = [
         _device_row(r, report.get("artifacts", []), path)
         for r in (data if isinstance(data, list) else [data])

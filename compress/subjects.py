@@ -2,21 +2,161 @@
 
 An artifact folder says what it is in its manifest (``kind: artifact``); a stage folder says what it
 produced (``produces: model|artifacts``); a run says which stage folders belong to it (run.json).
+Each of those files is read through a typed schema below: keys compress needs are checked, keys a
+newer compress adds are kept (additions keep a schema's version), and a path in a manifest must
+stay inside its folder.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, replace
-from pathlib import Path
-from typing import Any, Literal
+from pathlib import Path, PurePosixPath
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictStr, field_validator
 
 from compress.errors import CompressError, ModelError
-from compress.io import read_json
+from compress.io import read_json, read_model
 
 log = logging.getLogger(__name__)
 
 Role = Literal["teacher", "checkpoint", "artifact"]
+REDO_RUN = "run `compress run RECIPE --fresh` to write the run again"
+REDO_ARTIFACT = "export the artifact again (compress run RECIPE --fresh)"
+
+
+def inside_folder(rel: str) -> str:
+    """A manifest path that names a file inside its own folder: relative, no '..', no empty parts."""
+    parts = PurePosixPath(rel).parts
+    if not rel or "\x00" in rel or "\\" in rel or rel.startswith("/") or ".." in parts or not parts:
+        raise ValueError(f"path {rel!r} leaves its folder; a manifest lists files inside it only")
+    return rel
+
+
+SafePath = Annotated[StrictStr, AfterValidator(inside_folder)]
+
+
+class Open(BaseModel):
+    """A file compress wrote: the keys it needs are checked, keys from a newer minor version are kept."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+def _schema_version(value: str | None, family: str) -> str | None:
+    """Accept ``<family>/1`` (or none, from older versions); a newer major version needs a newer compress."""
+    if value is not None and value != f"{family}/1":
+        raise ValueError(
+            f"schema {value!r} is not {family}/1; read it with the compress version that wrote it"
+        )
+    return value
+
+
+class StageEntry(Open):
+    type: StrictStr
+    dir: Annotated[StrictStr, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+
+
+class RunFile(Open):
+    """run.json: which stage folders belong to the run and where its teacher and recipe are."""
+
+    schema_: StrictStr | None = Field(None, alias="schema")
+    recipe_file: StrictStr = ""
+    teacher_dir: StrictStr | None = None
+    teacher_load: dict[str, StrictBool] = Field(default_factory=dict)
+    stages: list[StageEntry]
+
+    @field_validator("schema_")
+    @classmethod
+    def _version(cls, value: str | None) -> str | None:
+        return _schema_version(value, "compress.run")
+
+
+class StageManifest(Open):
+    """A stage folder's manifest.json: finished or not, and what it produced."""
+
+    schema_: StrictStr | None = Field(None, alias="schema")
+    complete: StrictBool = False
+    produces: Literal["model", "artifacts"] | None = None
+
+    @field_validator("schema_")
+    @classmethod
+    def _version(cls, value: str | None) -> str | None:
+        return _schema_version(value, "compress.stage")
+
+
+class FileEntry(Open):
+    path: SafePath
+    sha256: Annotated[StrictStr, Field(pattern=r"^[0-9a-f]{64}$")]
+    bytes: Annotated[int, Field(ge=0)] | None = None
+
+
+class ArtifactManifest(Open):
+    """An artifact folder's manifest.json: the model file's format and every file with its sha256."""
+
+    kind: Literal["artifact"]
+    name: StrictStr | None = None
+    format: Literal["onnx", "tflite"]
+    target: StrictStr | None = None
+    precision: StrictStr = "fp32"
+    max_length: Annotated[int, Field(gt=0)]
+    files: list[FileEntry]
+
+
+class _Kind(Open):
+    kind: Any = None
+
+
+class HFConfig(Open):
+    """The part of a Hugging Face config.json that evaluation needs: the label names by id."""
+
+    id2label: dict[Annotated[str, Field(pattern=r"^(0|[1-9][0-9]{0,5})$")], StrictStr] | None = None
+
+
+def read_stage_manifest(folder: Path) -> StageManifest | None:
+    path = folder / "manifest.json"
+    return read_model(path, StageManifest, redo=REDO_RUN) if path.is_file() else None
+
+
+def read_artifact_manifest(folder: Path) -> ArtifactManifest:
+    return read_model(folder / "manifest.json", ArtifactManifest, redo=REDO_ARTIFACT)
+
+
+def is_artifact_folder(folder: Path) -> bool:
+    path = folder / "manifest.json"
+    return path.is_file() and read_model(path, _Kind, redo=REDO_ARTIFACT).kind == "artifact"
+
+
+def read_labels(path: Path) -> list[str]:
+    """labels.json: a non-empty JSON list of distinct label names in id order."""
+    labels = read_json(path, redo=REDO_ARTIFACT)
+    if not isinstance(labels, list) or not labels or not all(isinstance(n, str) for n in labels):
+        raise ModelError(f"{path}: must be a JSON list of label names in id order; {REDO_ARTIFACT}")
+    if len(set(labels)) != len(labels):
+        raise ModelError(f"{path}: a label name is listed twice; {REDO_ARTIFACT}")
+    return labels
+
+
+def read_run_file(run_dir: Path) -> RunFile:
+    path = run_dir / "run.json"
+    if not path.is_file() and not path.is_symlink():
+        raise CompressError(
+            f"{run_dir}: no run.json, so not a finished run; run `compress run RECIPE` first "
+            "or point at one artifact folder"
+        )
+    return read_model(path, RunFile, redo=REDO_RUN)
+
+
+def label_names_of_config(path: Path) -> list[str]:
+    """Label names from a checkpoint's config.json, ids 0..N-1 with none missing."""
+    config = read_model(path, HFConfig, redo="re-save the checkpoint (save_pretrained)")
+    id2label = config.id2label
+    if not id2label:
+        raise ModelError(f"{path}: no id2label, so not a sequence classifier")
+    ids = sorted(int(k) for k in id2label)
+    if ids != list(range(len(ids))):
+        raise ModelError(f"{path}: id2label ids {ids[:5]} are not 0..{len(ids) - 1}; fix id2label")
+    return [id2label[str(i)] for i in ids]
 
 
 @dataclass(frozen=True)
@@ -39,26 +179,22 @@ def subject_at(path: str | Path, *, teacher: bool = False, name: str | None = No
     """The model stored in a folder: an artifact (manifest kind ``artifact``) or a Hugging Face checkpoint."""
     folder = Path(path)
     folder = folder.parent if folder.is_file() else folder
-    manifest_path = folder / "manifest.json"
-    manifest = read_json(manifest_path) if manifest_path.is_file() else {}
-    if manifest.get("kind") == "artifact" and not teacher:
+    if not teacher and is_artifact_folder(folder):
+        manifest = read_artifact_manifest(folder)
         labels_file = folder / "labels.json"
         if not labels_file.is_file():
             raise ModelError(f"{folder}: artifact has no labels.json; re-export it")
         return Subject(
-            name or manifest.get("name") or folder.name,
+            name or manifest.name or folder.name,
             folder,
-            manifest["format"],
+            manifest.format,
             "artifact",
-            [str(n) for n in read_json(labels_file)],
-            manifest.get("target"),
-            manifest.get("precision", "fp32"),
+            read_labels(labels_file),
+            manifest.target,
+            manifest.precision,
         )
     if (folder / "config.json").is_file():
-        id2label = read_json(folder / "config.json").get("id2label")
-        if not id2label:
-            raise ModelError(f"{folder}/config.json: no id2label, so not a sequence classifier")
-        names = [str(id2label[k]) for k in sorted(id2label, key=int)]
+        names = label_names_of_config(folder / "config.json")
         return Subject(name or folder.name, folder, "torch", "teacher" if teacher else "checkpoint", names)
     what = (
         "a Hugging Face checkpoint (config.json)"
@@ -74,17 +210,15 @@ def subject_at(path: str | Path, *, teacher: bool = False, name: str | None = No
 def _stage_folders(run_dir: Path, recipe: Any | None) -> list[tuple[str, Path]]:
     if recipe is not None:
         return [(s.type, run_dir / f"{i:02d}-{s.type}") for i, s in enumerate(recipe.stages, 1)]
-    if not (run_dir / "run.json").is_file():
-        raise CompressError(
-            f"{run_dir}: no run.json, so not a finished run; run `compress run RECIPE` first "
-            "or point at one artifact folder"
-        )
-    return [(s["type"], run_dir / s["dir"]) for s in read_json(run_dir / "run.json")["stages"]]
+    return [(s.type, run_dir / s.dir) for s in read_run_file(run_dir).stages]
 
 
 def _recipe_teacher(run_dir: Path, recipe: Any | None) -> Path:
     if recipe is None:
-        return Path(read_json(run_dir / "run.json")["teacher_dir"])
+        teacher = read_run_file(run_dir).teacher_dir
+        if not teacher:
+            raise CompressError(f"{run_dir / 'run.json'}: no teacher_dir; {REDO_RUN}")
+        return Path(teacher)
     from compress.models import resolve_teacher
     from compress.recipe import recipe_dir
 
@@ -102,22 +236,17 @@ def run_subjects(run_dir: str | Path, recipe: Any | None = None) -> list[Subject
     run_dir = Path(run_dir)
     teacher, found = None, []
     for stage_type, folder in _stage_folders(run_dir, recipe):
-        manifest = read_json(folder / "manifest.json") if (folder / "manifest.json").is_file() else {}
-        if manifest.get("complete") is not True:
+        manifest = read_stage_manifest(folder)
+        if manifest is None or manifest.complete is not True:
             log.warning("%s: stage not finished; skipped", folder)
             continue
-        produces = manifest.get("produces")
+        produces = manifest.produces
         if stage_type in STAGES and STAGES[stage_type].sets_teacher:
             teacher = folder
         elif produces == "model":
             found.append(subject_at(folder, name=folder.name))
         elif produces == "artifacts":
-            found += [
-                subject_at(sub)
-                for sub in sorted(folder.iterdir())
-                if (sub / "manifest.json").is_file()
-                and read_json(sub / "manifest.json").get("kind") == "artifact"
-            ]
+            found += [subject_at(sub) for sub in sorted(folder.iterdir()) if is_artifact_folder(sub)]
     if teacher is not None:
         return [subject_at(teacher, teacher=True, name="teacher"), *found]
     subject = subject_at(_recipe_teacher(run_dir, recipe), teacher=True, name="teacher")
@@ -127,9 +256,8 @@ def run_subjects(run_dir: str | Path, recipe: Any | None = None) -> list[Subject
 def _teacher_load_options(run_dir: Path, recipe: Any | None) -> dict[str, bool]:
     """What the recipe allows when loading its own teacher (pickle weights, remote code)."""
     if recipe is None:  # recorded in run.json by the run; an older run loads with the safe defaults
-        run_file = run_dir / "run.json"
-        options = read_json(run_file).get("teacher_load", {}) if run_file.is_file() else {}
-        return {k: bool(options[k]) for k in ("allow_pickle", "trust_remote_code") if k in options}
+        options = read_run_file(run_dir).teacher_load if (run_dir / "run.json").is_file() else {}
+        return {k: options[k] for k in ("allow_pickle", "trust_remote_code") if k in options}
     return recipe.teacher.load_options()
 
 
@@ -141,7 +269,7 @@ def recipe_of_run(run_dir: str | Path) -> Any:
     """The recipe a run was made from (run.json records its file)."""
     from compress.recipe import load_recipe
 
-    run_file = Path(run_dir) / "run.json"
-    if not run_file.is_file():
-        raise CompressError(f"{run_dir}: no run.json; run `compress run RECIPE` first")
-    return load_recipe(read_json(run_file)["recipe_file"])
+    run_file = read_run_file(Path(run_dir))
+    if not run_file.recipe_file:
+        raise CompressError(f"{Path(run_dir) / 'run.json'}: no recipe_file; {REDO_RUN}")
+    return load_recipe(run_file.recipe_file)
