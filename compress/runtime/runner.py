@@ -18,6 +18,7 @@ import importlib
 import json
 import os
 import platform
+import stat
 import sys
 import time
 from pathlib import Path
@@ -40,6 +41,11 @@ ARM_PARTS = {
     "0xd49": "Neoverse-N2",
 }
 BENCHMARK_SCHEMA = "compress.device-benchmark/1"
+MAX_JSON_BYTES = 16 << 20
+"""A bundle's manifest and labels are a few kB; a bigger file is not one compress wrote."""
+MAX_INPUT_BYTES = 1 << 30
+MAX_DEPTH = 32
+WRITE_THROUGH = ("/dev/stdout", "/dev/stderr")
 
 
 class RunnerError(Exception):
@@ -54,17 +60,87 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+def read_regular(path: Path, limit: int, fix: str) -> bytes:
+    """The bytes of a regular file of at most ``limit`` bytes; a FIFO or device is never opened."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        raise RunnerError(f"{path}: missing; {fix}") from None
+    except OSError as exc:
+        raise RunnerError(f"{path}: cannot read ({exc.strerror}); {fix}") from None
+    if stat.S_ISDIR(info.st_mode):
+        raise RunnerError(f"{path}: is a folder, expected a file; {fix}")
+    if not stat.S_ISREG(info.st_mode):
+        raise RunnerError(f"{path}: not a regular file (a FIFO or device); save the content to a file")
+    if info.st_size > limit:
+        raise RunnerError(f"{path}: {info.st_size} bytes, more than the {limit} this runner reads; {fix}")
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(limit + 1)[:limit]
+    except OSError as exc:
+        raise RunnerError(f"{path}: cannot read ({exc.strerror}); {fix}") from None
+
+
+def json_depth(value: Any) -> int:
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        node, level = stack.pop()
+        if isinstance(node, (dict, list)):
+            deepest = max(deepest, level)
+            stack.extend((child, level + 1) for child in (node.values() if isinstance(node, dict) else node))
+    return deepest
+
+
+def read_json_file(path: Path, fix: str) -> Any:
+    """A small JSON file compress wrote, checked for size, encoding, syntax and nesting."""
+    raw = read_regular(path, MAX_JSON_BYTES, fix)
+    try:
+        value = json.loads(raw.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc).splitlines()[0][:80]
+        raise RunnerError(f"{path}: not valid JSON ({reason}); {fix}") from None
+    if json_depth(value) > MAX_DEPTH:
+        raise RunnerError(f"{path}: JSON nested deeper than {MAX_DEPTH} levels; {fix}")
+    return value
+
+
+def inside(rel: Any) -> bool:
+    """Whether a manifest path names a file inside the bundle folder."""
+    if not isinstance(rel, str) or not rel or "\x00" in rel or "\\" in rel:
+        return False
+    parts = Path(rel).parts
+    return not Path(rel).is_absolute() and ".." not in parts and bool(parts)
+
+
+def check_manifest(path: Path, manifest: Any) -> dict[str, Any]:
+    """The keys the runner uses, with their types: format, files [{path, sha256}], max_length."""
+    fix = "re-create the bundle with compress"
+    if not isinstance(manifest, dict):
+        raise RunnerError(f"{path}: must be a JSON object; {fix}")
+    if manifest.get("format") not in MODEL_FILES or not isinstance(manifest.get("files"), list):
+        raise RunnerError(f"{path}: needs 'format' (onnx|tflite) and 'files'; {fix}")
+    for index, entry in enumerate(manifest["files"]):
+        if not isinstance(entry, dict) or not isinstance(entry.get("sha256"), str):
+            raise RunnerError(f"{path}: files[{index}] needs 'path' and 'sha256' strings; {fix}")
+        if not inside(entry.get("path")):
+            raise RunnerError(
+                f"{path}: file path {entry.get('path')!r} leaves the folder; refusing it; {fix}"
+            )
+    length = manifest.get("max_length")
+    if not isinstance(length, int) or isinstance(length, bool) or length < 1:
+        raise RunnerError(f"{path}: needs a positive integer 'max_length'; {fix}")
+    threads = manifest.get("threads")
+    if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
+        raise RunnerError(f"{path}: 'threads' must be a positive integer; {fix}")
+    if not isinstance(manifest.get("task") or {}, dict):
+        raise RunnerError(f"{path}: 'task' must be an object; {fix}")
+    return manifest
+
+
 def read_manifest(folder: Path) -> dict[str, Any]:
     path = folder / "manifest.json"
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise RunnerError(f"{path}: missing; an artifact or bundle folder needs its manifest.json") from None
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise RunnerError(f"{path}: not valid JSON ({exc}); copy or re-create the bundle") from None
-    if manifest.get("format") not in MODEL_FILES or not isinstance(manifest.get("files"), list):
-        raise RunnerError(f"{path}: needs 'format' (onnx|tflite) and 'files'; re-create it with compress")
-    return manifest
+    fix = "an artifact or bundle folder needs its manifest.json; copy or re-create the bundle"
+    return check_manifest(path, read_json_file(path, fix))
 
 
 def verify_files(folder: Path, manifest: dict[str, Any]) -> None:
@@ -75,7 +151,7 @@ def verify_files(folder: Path, manifest: dict[str, Any]) -> None:
             raise RunnerError(f"{folder / 'manifest.json'}: does not list {name}; re-create the bundle")
     for rel, expected in listed.items():
         path = folder / rel
-        if Path(rel).is_absolute() or ".." in Path(rel).parts:
+        if not inside(rel) or not path.resolve().is_relative_to(folder.resolve()):
             raise RunnerError(f"{folder / 'manifest.json'}: file path {rel!r} leaves the folder; refusing it")
         if not path.is_file():
             raise RunnerError(f"{path}: listed in manifest.json but missing; copy the whole bundle again")
@@ -197,7 +273,14 @@ class OnnxSession:
         options = ort.SessionOptions()
         options.intra_op_num_threads = self.threads = threads
         options.inter_op_num_threads = 1
-        self._session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+        try:
+            self._session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+        except Exception as exc:  # onnxruntime raises its own pybind types (InvalidProtobuf, Fail, ...)
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+            raise RunnerError(
+                f"{model}: onnxruntime {ort.__version__} cannot load it ({reason}); the file is corrupt "
+                "or needs a newer onnxruntime: copy the bundle again or pip install -U onnxruntime"
+            ) from None
         self.interpreter, self.interpreter_version = "onnxruntime", ort.__version__
         inputs = {i.name: i for i in self._session.get_inputs()}
         check_input_names(model, list(inputs))
@@ -408,12 +491,11 @@ class Runner:
 
 
 def read_labels(path: Path) -> list[str]:
-    try:
-        labels = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise RunnerError(f"{path}: cannot read label names ({exc}); copy or re-create the bundle") from None
+    labels = read_json_file(path, "copy or re-create the bundle")
     if not isinstance(labels, list) or not labels or not all(isinstance(label, str) for label in labels):
         raise RunnerError(f"{path}: must be a JSON list of label names in id order")
+    if len(set(labels)) != len(labels):
+        raise RunnerError(f"{path}: a label name is listed twice; re-create the bundle")
     return labels
 
 
@@ -426,8 +508,6 @@ def load(artifact_dir: str | Path, *, verify: bool = True, threads: int | None =
     model = folder / MODEL_FILES[manifest["format"]]
     if not model.is_file():
         raise RunnerError(f"{model}: missing; copy the whole bundle again")
-    if not isinstance(manifest.get("max_length"), int) or manifest["max_length"] < 1:
-        raise RunnerError(f"{folder / 'manifest.json'}: needs a positive integer 'max_length'; re-create it")
     labels = read_labels(folder / "labels.json")
     count = int(threads or manifest.get("threads") or os.cpu_count() or 1)
     session = TFLiteSession(model, count) if manifest["format"] == "tflite" else OnnxSession(model, count)
@@ -437,10 +517,7 @@ def load(artifact_dir: str | Path, *, verify: bool = True, threads: int | None =
 
 def read_inputs(path: Path) -> tuple[list[str], list[str] | None]:
     """Texts from .txt (one per line), .tsv (text[<TAB>pair]) or .jsonl ({"text", "pair"}); UTF-8 only."""
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise RunnerError(f"{path}: cannot read ({exc.strerror})") from None
+    raw = read_regular(path, MAX_INPUT_BYTES, "give a text file")
     try:
         content = raw.decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError as exc:
@@ -482,7 +559,28 @@ def split_line(line: str, suffix: str, where: str) -> tuple[Any, Any]:
     return line, None
 
 
+def output_is_stream(path: Path) -> bool:
+    """True for /dev/stdout or /dev/stderr (written in place); a regular file or nothing is replaced
+    atomically; anything else (a folder, FIFO or device such as /dev/null) is refused, never replaced."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise RunnerError(f"{path}: cannot write ({exc.strerror}); fix the path") from None
+    if stat.S_ISREG(mode):
+        return False
+    if str(path) in WRITE_THROUGH and (stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)):
+        return True
+    what = "a folder" if stat.S_ISDIR(mode) else "not a regular file (a FIFO or device)"
+    raise RunnerError(f"{path}: is {what}; give a file path for --out, or leave --out off for stdout")
+
+
 def write_text_atomic(path: Path, text: str) -> None:
+    if output_is_stream(path):
+        with open(path, "w", encoding="utf-8") as stream:
+            stream.write(text)
+        return
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         tmp.write_text(text, encoding="utf-8")
