@@ -1,12 +1,15 @@
-"""Device profiles (``targets/*.yaml``): what an artifact must look like to run on a board or phone.
+"""Device profiles: what an artifact must look like to run on a board or phone.
 
 Quantize and export read a profile instead of loose flags, so "raspberry-pi-4" means one thing
-everywhere: the format, thread count, fixed sequence lengths, allowed schemes and budgets.
+everywhere: the format, thread count, fixed sequence lengths, allowed schemes and budgets. The stock
+profiles are package data (``compress/profiles/*.yaml``), so a wheel install has them as a checkout does;
+``$COMPRESS_TARGETS`` points at a folder of one's own instead.
 """
 
 from __future__ import annotations
 
 import os
+from importlib import resources
 from pathlib import Path
 from typing import Literal
 
@@ -69,10 +72,17 @@ class TargetProfile(Strict):
         return max(self.sequence_lengths)
 
 
+def stock_targets_dir() -> Path:
+    """The profiles shipped inside the package, found through its loader rather than the source tree,
+    so an installed wheel, an editable install and a checkout all resolve them the same way."""
+    # a package installed by pip (wheel or editable) lives in a folder, so this is a real path
+    return Path(str(resources.files("compress").joinpath("profiles")))
+
+
 def targets_dir() -> Path:
-    """``$COMPRESS_TARGETS`` if set, else the ``targets/`` folder beside the package."""
+    """``$COMPRESS_TARGETS`` if set (it replaces the stock profiles), else the stock profiles."""
     env = os.environ.get("COMPRESS_TARGETS")
-    return Path(env) if env else Path(__file__).resolve().parent.parent / "targets"
+    return Path(env) if env else stock_targets_dir()
 
 
 def load_target_file(path: Path) -> TargetProfile:
