@@ -23,7 +23,10 @@ def _numeric_only(annotation: Any) -> str | None:
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    """``allow_inf_nan=False``: a YAML ``.inf`` or ``.nan`` passes every ``gt``/``le`` bound check
+    (nan compares false) and only fails hours later inside training, so it is rejected here."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
     @model_validator(mode="before")
     @classmethod

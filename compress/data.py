@@ -6,7 +6,11 @@ TSV is read with quoting off because real corpora (SST-2, MRPC) contain bare ``"
 from __future__ import annotations
 
 import csv
+import errno
 import json
+import os
+import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,6 +19,10 @@ from compress.errors import DataError, missing_dependency
 from compress.io import sha256_file, sha256_json
 
 csv.field_size_limit(1 << 24)
+MAX_LABEL_ID = 9_999
+"""Inferred label names are 0..max id; a larger id is a data error, not a 10**12-entry label list."""
+_LABEL_ID = re.compile(r"-?[0-9]{1,12}")
+"""ASCII digits only: str.isdigit() also accepts '²' or '١', which int() rejects or misreads."""
 
 
 @dataclass
@@ -51,28 +59,54 @@ def infer_format(path: Path, declared: str | None) -> str:
     raise DataError(f"{path}: cannot tell the format from the name; set format: tsv|csv|jsonl")
 
 
+def check_data_file(path: Path, fmt: str) -> None:
+    """A data file must be a regular file: a FIFO blocks the run and /dev/zero never ends.
+
+    Also names the real cause of a failed stat (a symlink loop or a permission problem is not
+    'file not found').
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise DataError(f"{path}: file not found; fix the path") from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise DataError(f"{path}: symbolic link loop; point the link at the real file") from None
+        raise DataError(f"{path}: cannot read ({exc.strerror}); check the path and its permissions") from None
+    if stat.S_ISDIR(mode):
+        raise DataError(f"{path}: is a folder, expected a {fmt.upper()} file")
+    if not stat.S_ISREG(mode):
+        raise DataError(f"{path}: not a regular file (a FIFO or device); save the data to a file first")
+
+
+def _json_row(line: str, path: Path, number: int) -> dict[str, Any]:
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{path}:{number}: not valid JSON ({exc.msg}); one JSON object per line") from None
+    except RecursionError:
+        raise DataError(f"{path}:{number}: JSON nested too deeply; one flat JSON object per line") from None
+    except ValueError as exc:  # e.g. an integer longer than Python's digit limit
+        raise DataError(f"{path}:{number}: not usable JSON ({str(exc)[:80]}); fix the line") from None
+    if not isinstance(row, dict):
+        raise DataError(f"{path}:{number}: each line must be a JSON object, got {type(row).__name__}")
+    return row
+
+
 def read_rows(path: Path, fmt: str) -> list[dict[str, Any]]:
-    """Rows of a local file as dicts keyed by column name."""
+    """Rows of a local file as dicts keyed by column name (a UTF-8 byte-order mark is dropped)."""
+    check_data_file(path, fmt)
     try:
         if fmt == "jsonl":
             rows = []
-            with open(path, encoding="utf-8") as handle:
+            with open(path, encoding="utf-8-sig") as handle:
                 for number, line in enumerate(handle, 1):
                     if not line.strip():
                         continue
-                    try:
-                        row = json.loads(line)
-                    except json.JSONDecodeError as exc:
-                        raise DataError(
-                            f"{path}:{number}: not valid JSON ({exc.msg}); one JSON object per line"
-                        ) from None
-                    if not isinstance(row, dict):
-                        raise DataError(
-                            f"{path}:{number}: each line must be a JSON object, got {type(row).__name__}"
-                        )
+                    row = _json_row(line, path, number)
                     rows.append(row)
             return rows
-        with open(path, encoding="utf-8", newline="") as handle:
+        with open(path, encoding="utf-8-sig", newline="") as handle:
             if fmt == "tsv":
                 reader = csv.DictReader(handle, delimiter="\t", quoting=csv.QUOTE_NONE)
             else:
@@ -81,12 +115,10 @@ def read_rows(path: Path, fmt: str) -> list[dict[str, Any]]:
             if reader.fieldnames is None:
                 return []
             return rows
-    except FileNotFoundError:
-        raise DataError(f"{path}: file not found; fix the path") from None
-    except IsADirectoryError:
-        raise DataError(f"{path}: is a folder, expected a {fmt.upper()} file") from None
     except PermissionError:
         raise DataError(f"{path}: not readable; check its permissions") from None
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read ({exc.strerror or exc}); check the file") from None
     except UnicodeDecodeError as exc:
         raise DataError(f"{path}: not UTF-8 text (byte {exc.start}); convert the file to UTF-8") from None
     except csv.Error as exc:
@@ -108,31 +140,58 @@ def read_hub_rows(hub: str, subset: str | None, split: str) -> list[dict[str, An
     return [dict(row) for row in ds]
 
 
+def label_id(value: Any) -> int | None:
+    """The integer id a raw label stands for, or None for a name.
+
+    An int (never a bool: JSON true is not label 1) or a string of ASCII digits with an optional
+    minus sign; anything else (floats, '1e3', '²', lists) is a name and must be in task.labels.
+    """
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and _LABEL_ID.fullmatch(value):
+        return int(value)
+    return None
+
+
+def _raw_label(value: Any) -> Any:
+    return value if isinstance(value, int) and not isinstance(value, bool) else str(value).strip()
+
+
+def _inferred_ids(values: list[Any], where: str, column: str) -> tuple[list[int], list[str]]:
+    """Integer labels without task.labels: names are '0'..'N-1' for the largest id N-1."""
+    ids = [label_id(v) for v in values]
+    if any(i is None for i in ids):
+        names = sorted({str(v) for v, i in zip(values, ids, strict=True) if i is None})[:5]
+        raise DataError(
+            f"{where} column '{column}': labels {names} are not integers; list the label names in task.labels"
+        )
+    low, high = min(ids), max(ids)
+    if low < 0:
+        raise DataError(f"{where} column '{column}': negative label {low}; labels must be 0..N-1 or names")
+    if high > MAX_LABEL_ID:
+        raise DataError(
+            f"{where} column '{column}': label id {high} is above {MAX_LABEL_ID}; labels must be 0..N-1 "
+            "(renumber them) or names listed in task.labels"
+        )
+    return ids, [str(i) for i in range(max(high + 1, 2))]
+
+
 def to_label_ids(
     raw: list[Any], label_names: list[str] | None, where: str, column: str
 ) -> tuple[list[int], list[str]]:
     """Map raw label values (names or integer ids) to ids; infer names when none are given."""
-    values = [str(v).strip() if not isinstance(v, (int, bool)) else v for v in raw]
+    values = [_raw_label(v) for v in raw]
     if label_names is None:
-        if all(isinstance(v, int) or (isinstance(v, str) and v.lstrip("-").isdigit()) for v in values):
-            ids = [int(v) for v in values]
-            if min(ids) < 0:
-                raise DataError(
-                    f"{where} column '{column}': negative label {min(ids)}; labels must be 0..N-1 or names"
-                )
-            count = max(ids) + 1
-            return ids, [str(i) for i in range(max(count, 2))]
-        raise DataError(
-            f"{where} column '{column}': labels {sorted({str(v) for v in values})[:5]} are not integers; "
-            "list the label names in task.labels"
-        )
+        return _inferred_ids(values, where, column)
     index = {name: i for i, name in enumerate(label_names)}
     ids = []
     for number, value in enumerate(values, 1):
+        idx = label_id(value)
         if isinstance(value, str) and value in index:
             ids.append(index[value])
-        elif isinstance(value, int) or (isinstance(value, str) and value.lstrip("-").isdigit()):
-            idx = int(value)
+        elif idx is not None:
             if not 0 <= idx < len(label_names):
                 raise DataError(
                     f"{where} row {number}: label {idx} is outside 0..{len(label_names) - 1} "
@@ -140,8 +199,9 @@ def to_label_ids(
                 )
             ids.append(idx)
         else:
+            shown = value if len(str(value)) <= 60 else f"{str(value)[:60]}…"
             raise DataError(
-                f"{where} row {number}: label {value!r} is not one of {label_names}; "
+                f"{where} row {number}: label {shown!r} is not one of {label_names}; "
                 "fix the data or task.labels"
             )
     return ids, list(label_names)

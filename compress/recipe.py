@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import re
 import reprlib
+import stat
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
@@ -20,13 +23,19 @@ from pydantic import (
 )
 
 from compress.config import Strict
-from compress.errors import RecipeError
+from compress.errors import CompressError, RecipeError
 from compress.yamlpos import Loc, format_loc, line_for, load_yaml_with_lines
 
 if TYPE_CHECKING:
     from compress.targets import TargetProfile
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+MAX_RECIPE_BYTES = 1 << 20
+"""A recipe is a few kB; anything larger is the wrong file (and /dev/zero would never end)."""
+SEED_MAX = 2**32 - 1 - 1024
+"""numpy takes seeds 0..2**32-1 and the run derives a few more (seed + 1, seed + process index)."""
+OFFSET_POSITIONS = {"roberta": 2, "xlm-roberta": 2, "camembert": 2, "data2vec-text": 2, "longformer": 2}
+"""Models whose first position ids are reserved (padding_idx + 1): usable length = table - offset."""
 _SHORT = reprlib.Repr()
 """Shows a bad value in an error without printing (or expanding) a huge or aliased structure."""
 _SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxdict, _SHORT.maxstring, _SHORT.maxother = 2, 4, 4, 60, 60
@@ -40,6 +49,16 @@ class TaskConfig(Strict):
     max_length: int = Field(128, gt=0, le=8192)
     labels: list[str] | None = Field(None, min_length=2)
     """Label names in id order. Data labels may be these names or their integer ids."""
+
+    @field_validator("labels")
+    @classmethod
+    def _distinct_labels(cls, value: list[str] | None) -> list[str] | None:
+        """Two equal names would make one of the ids unreachable from the data."""
+        if value is not None:
+            twice = sorted({name for name in value if value.count(name) > 1})
+            if twice:
+                raise ValueError(f"label {twice[0]!r} is listed twice; give each class one distinct name")
+        return value
 
 
 class TeacherConfig(Strict):
@@ -144,7 +163,7 @@ class TargetOptions(Strict):
 class RecipeBase(Strict):
     name: str = Field(pattern=NAME_PATTERN)
     description: str = ""
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=SEED_MAX)
     task: TaskConfig = Field(default_factory=TaskConfig)
     teacher: TeacherConfig
     data: DataConfig
@@ -357,9 +376,32 @@ def apply_override(data: Any, parts: list[str | int], value: Any, text: str) -> 
         raise RecipeError(f"--set {text!r}: {format_loc(tuple(parts))} does not exist in the recipe")
 
 
+def _check_recipe_file(path: Path) -> None:
+    """The recipe must be a regular file of at most MAX_RECIPE_BYTES: reading a FIFO or a device
+    could block or never end, and a loop or a permission problem is not 'file not found'."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        raise RecipeError(f"{path}: file not found; check the path") from None
+    except OSError as exc:
+        cause = "symbolic link loop" if exc.errno == errno.ELOOP else exc.strerror
+        raise RecipeError(f"{path}: cannot read ({cause}); point it at a YAML file") from None
+    if stat.S_ISDIR(info.st_mode):
+        raise RecipeError(f"{path}: is a folder, expected a YAML file")
+    if not stat.S_ISREG(info.st_mode):
+        raise RecipeError(
+            f"{path}: not a regular file (a FIFO, pipe or device); save the recipe to a .yaml file, pass that"
+        )
+    if info.st_size > MAX_RECIPE_BYTES:
+        raise RecipeError(
+            f"{path}: {info.st_size} bytes, more than a recipe's {MAX_RECIPE_BYTES}; is this the recipe file?"
+        )
+
+
 def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Any:
     """Load, override and validate a recipe. Relative paths in it resolve against its folder."""
     path = Path(path)
+    _check_recipe_file(path)
     data, lines = load_yaml_with_lines(path)
     if data is None:
         raise RecipeError(f"{path}: the recipe is empty; start from recipes/distil8.yaml")
@@ -398,18 +440,73 @@ def _check_files(recipe: Any, path: Path, lines: dict[Loc, int]) -> None:
     for split in ("train", "eval", "test"):
         source = getattr(recipe.data, split)
         if source is not None and source.path:
-            file = resolve_path(recipe, source.path)
-            if file.is_dir():
-                fail(("data", split, "path"), f"{file} is a folder; point it at a TSV, CSV or JSONL file")
-            if not file.is_file():
-                fail(
-                    ("data", split, "path"),
-                    f"file not found: {file}; fix the path (relative paths start at the recipe's folder)",
-                )
+            problem = _data_file_problem(resolve_path(recipe, source.path))
+            if problem:
+                fail(("data", split, "path"), problem)
     if recipe.teacher.path:
         folder = resolve_path(recipe, recipe.teacher.path)
         if not folder.is_dir():
             fail(("teacher", "path"), f"folder not found: {folder}; point it at a Hugging Face model folder")
+        _check_positions(recipe, folder / "config.json", fail)
+
+
+def _data_file_problem(file: Path) -> str | None:
+    """Why a data path cannot be read, in words that name the real cause; None when it can."""
+    try:
+        mode = os.stat(file).st_mode
+    except FileNotFoundError:
+        return f"file not found: {file}; fix the path (relative paths start at the recipe's folder)"
+    except OSError as exc:
+        cause = "a symbolic link loop" if exc.errno == errno.ELOOP else exc.strerror
+        return f"{file}: cannot be read ({cause}); point it at a TSV, CSV or JSONL file"
+    if stat.S_ISDIR(mode):
+        return f"{file} is a folder; point it at a TSV, CSV or JSONL file"
+    if not stat.S_ISREG(mode):
+        return f"{file} is not a regular file (a FIFO or device); save the data to a file first"
+    return None
+
+
+def position_limit(config_file: Path) -> int | None:
+    """The longest input a local teacher's position table takes, from config.json alone (no weights).
+
+    None when the config does not say (no ``max_position_embeddings``, e.g. relative positions);
+    a config.json compress cannot read is reported here, before any training.
+    """
+    from compress.io import read_json
+
+    if not config_file.is_file():
+        return None
+    try:
+        config = read_json(config_file, redo="re-save the model (save_pretrained)")
+    except CompressError as exc:
+        raise RecipeError(str(exc)) from None
+    if not isinstance(config, dict):
+        raise RecipeError(f"{config_file}: must be a JSON object; re-save the model (save_pretrained)")
+    table = config.get("max_position_embeddings")
+    if not isinstance(table, int) or isinstance(table, bool) or table <= 0:
+        return None
+    return table - OFFSET_POSITIONS.get(str(config.get("model_type")), 0)
+
+
+def _check_positions(recipe: Any, config_file: Path, fail: Any) -> None:
+    """task.max_length (and each target's longest input) must fit the teacher's position table."""
+    limit = position_limit(config_file)
+    if limit is None:
+        return
+    if recipe.task.max_length > limit:
+        fail(
+            ("task", "max_length"),
+            f"{recipe.task.max_length} is longer than the teacher's position table ({limit} tokens, "
+            f"{config_file}); use at most {limit}",
+        )
+    for name in recipe.targets:
+        longest = recipe.target_profile(name).max_length
+        if longest > limit:
+            fail(
+                ("targets",),
+                f"target {name} feeds {longest} tokens but the teacher takes at most {limit}; narrow it "
+                f"with target_options: {{{name}: {{sequence_lengths: [...]}}}} (each <= {limit})",
+            )
 
 
 def json_schema() -> dict[str, Any]:
