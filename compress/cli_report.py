@@ -10,7 +10,8 @@ from pathlib import Path
 
 import click
 
-_existing = click.Path(exists=True, path_type=Path)
+_existing = click.Path(path_type=Path)
+"""Existence is checked by compress itself, which names the real cause (a symlink loop is not 'missing')."""
 
 
 def summary(result: dict) -> str:

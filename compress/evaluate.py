@@ -96,7 +96,7 @@ def run_worker(
         )
         result = read_json(f"{tmp}/result.json") if Path(tmp, "result.json").is_file() else {}
         if proc.returncode != 0:
-            if "error" in result:
+            if isinstance(result, dict) and isinstance(result.get("error"), str):
                 raise CompressError(f"{subject.path}: {result['error']}")
             raise RuntimeError(f"evaluating {subject.path} failed:\n{proc.stderr[-4000:]}")
         return np.load(f"{tmp}/logits.npy"), result
@@ -190,8 +190,13 @@ def evaluate_path(
     the run's teacher, or adds one to compare a single artifact against.
     """
     from compress.data import load_file
+    from compress.io import require_path
     from compress.subjects import is_run, recipe_of_run, run_subjects, subject_at
 
+    require_path(path, "point at an artifact folder, a checkpoint or a run folder")
+    require_path(data, "pass --data a TSV, CSV or JSONL file")
+    if teacher is not None:
+        require_path(teacher, "pass --teacher a Hugging Face checkpoint folder")
     settings = Settings()
     if is_run(path):
         settings = Settings.from_recipe(recipe_of_run(path))

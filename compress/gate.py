@@ -247,8 +247,12 @@ def load_baseline(config: dict[str, Any] | None, path: str | Path | None = None)
 
 def check_report_file(report_path: str | Path, baseline_path: str | Path | None = None) -> list[Verdict]:
     """``compress gate``: the report's own gates config, against ``baseline_path`` or the configured one."""
+    from compress.io import require_path
     from compress.report import load_report
 
+    require_path(report_path, "`compress run RECIPE` writes runs/<name>/report.json")
+    if baseline_path is not None:
+        require_path(baseline_path, "pass --baseline an older report.json")
     report = load_report(report_path)
     config = report.get("gates_config")
     gates = gates_from_report(config, f"{report_path}")

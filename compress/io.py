@@ -117,6 +117,16 @@ def _stat_error(path: Path, exc: OSError, fix: str) -> UnreadableFile:
     return UnreadableFile(f"{path}: cannot read ({exc.strerror or exc})")
 
 
+def require_path(path: str | Path, fix: str) -> Path:
+    """``path`` if something is there; else one line with the real cause (missing, loop, permission)."""
+    path = Path(path)
+    try:
+        os.stat(path)
+    except OSError as exc:
+        raise _stat_error(path, exc, fix) from None
+    return path
+
+
 def read_bytes(path: str | Path, *, limit: int = MAX_JSON_BYTES, fix: str = "check the path") -> bytes:
     """The bytes of a regular file of at most ``limit`` bytes.
 
@@ -207,7 +217,7 @@ def schema_error_line(path: str | Path, exc: ValidationError, redo: str) -> str:
     for part in err["loc"]:
         loc += f"[{part}]" if isinstance(part, int) else (f".{part}" if loc else str(part))
     problem = err["msg"].removeprefix("Value error, ")
-    problem = problem[:1].lower() + problem[1:]
+    problem = "required key missing" if err["type"] == "missing" else problem[:1].lower() + problem[1:]
     got = "" if err["type"] == "missing" else f" (got {_short(err.get('input'))})"
     return f"{path}: {loc or 'top level'}: {problem}{got}; {redo}"
 

@@ -246,9 +246,13 @@ def merge_device_results(report: dict[str, Any], path: str | Path) -> None:
 
 def regenerate(run_dir: str | Path, device_results: str | Path | None = None) -> dict[str, Any]:
     """Rewrite a run's report files, merging device results; evaluate only if there is no report.json."""
-    run_dir = Path(run_dir)
+    from compress.io import require_path
+
+    run_dir = require_path(run_dir, "point at a run folder (runs/<name>)")
+    if device_results is not None:
+        require_path(device_results, "pass the JSON from `runner.py benchmark --out FILE`")
     report_path = run_dir / "report.json"
-    if report_path.is_file():
+    if report_path.exists() or report_path.is_symlink():
         report = load_report(report_path)
     else:
         from compress.subjects import recipe_of_run

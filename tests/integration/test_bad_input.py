@@ -9,6 +9,8 @@ model and stop before training.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 import resource
@@ -305,6 +307,350 @@ def _failed_gate(ws: Workspace) -> list[str]:
     return ws.run(ws.recipe(stages, extra))
 
 
+# -- files compress wrote earlier: reports, device results, run folders, artifacts, bundles ----------
+
+
+def _report_dict(**top: object) -> dict:
+    """A minimal report.json as `compress run` writes it: a teacher, one artifact, absolute gates."""
+    artifact = {
+        "name": "02-export/arm64-onnx",
+        "role": "artifact",
+        "target": "arm64-onnx",
+        "bytes": 1000,
+        "sha256": "ab" * 32,
+        "metrics": {"accuracy": 0.5, "latency_ms": {"p50": 1.0}},
+        "measured": {"machine": "x86_64"},
+    }
+    teacher = {"name": "teacher", "role": "teacher", "bytes": 4000, "metrics": {"accuracy": 0.9}}
+    report = {
+        "schema": "compress.report/1",
+        "run": "runs/tiny",
+        "teacher": teacher,
+        "checkpoints": [],
+        "artifacts": [artifact],
+        "device_results": [],
+        "gates_config": {"min_accuracy": 0.9},
+        "gates": [],
+    }
+    report.update(top)
+    return report
+
+
+def _write_report(ws: Workspace, report: dict | str, name: str = "report.json") -> Path:
+    path = ws.root / name
+    path.write_text(report if isinstance(report, str) else json.dumps(report))
+    return path
+
+
+def _gate(report: dict | str, *extra: str) -> Callable[[Workspace], list[str]]:
+    return lambda ws: ["gate", str(_write_report(ws, report)), *extra]
+
+
+def _metric_as_text() -> dict:
+    report = _report_dict()
+    report["artifacts"][0]["metrics"]["accuracy"] = "0.5"
+    return report
+
+
+def _nameless_artifact() -> dict:
+    report = _report_dict()
+    del report["artifacts"][0]["name"]
+    return report
+
+
+def _deep_report() -> str:
+    return json.dumps(_report_dict())[:-1] + ', "notes": ' + "[" * 100_000 + "]" * 100_000 + "}"
+
+
+def _gate_baseline_bytes_text(ws: Workspace) -> list[str]:
+    baseline = _report_dict()
+    baseline["artifacts"][0]["bytes"] = "1 kB"
+    old = _write_report(ws, baseline, "old.json")
+    return ["gate", str(_write_report(ws, _report_dict())), "--baseline", str(old)]
+
+
+def _symlink_loop(ws: Workspace, name: str) -> Path:
+    a, b = ws.root / name, ws.root / f"{name}.other"
+    a.symlink_to(b)
+    b.symlink_to(a)
+    return a
+
+
+def _fifo(ws: Workspace, name: str) -> Path:
+    path = ws.root / name
+    os.mkfifo(path)
+    return path
+
+
+def _gate_report_loop(ws: Workspace) -> list[str]:
+    return ["gate", str(_symlink_loop(ws, "report.json"))]
+
+
+def _gate_report_fifo(ws: Workspace) -> list[str]:
+    return ["gate", str(_fifo(ws, "report.json"))]
+
+
+def _gate_junit(target: Callable[[Workspace], Path]) -> Callable[[Workspace], list[str]]:
+    """A passing report and a --junit path that is not a regular file."""
+    passing = _report_dict(gates_config={"min_accuracy": 0.1})
+    return lambda ws: ["gate", str(_write_report(ws, passing)), "--junit", str(target(ws))]
+
+
+def _link_to_dev_null(ws: Workspace) -> Path:
+    """A link to /dev/null: the old code replaced the link (never /dev/null itself) with a file."""
+    link = ws.root / "junit.xml"
+    link.symlink_to("/dev/null")
+    return link
+
+
+def _run_folder(ws: Workspace, report: dict | None = None, run_json: str | None = None) -> Path:
+    run = ws.root / "runs" / "tiny"
+    run.mkdir(parents=True, exist_ok=True)
+    if report is not None:
+        (run / "report.json").write_text(json.dumps(report))
+    (run / "run.json").write_text(
+        run_json
+        if run_json is not None
+        else json.dumps(
+            {
+                "schema": "compress.run/1",
+                "recipe": "tiny",
+                "recipe_file": str(ws.recipe()),
+                "teacher_dir": str(ws.teacher),
+                "teacher_load": {},
+                "stages": [{"index": 1, "type": "export", "dir": "01-export"}],
+            }
+        )
+    )
+    return run
+
+
+def _report_truncated(ws: Workspace) -> list[str]:
+    run = _run_folder(ws)
+    (run / "report.json").write_text(json.dumps(_report_dict())[:200])
+    return ["report", str(run)]
+
+
+def _device_results(content: object) -> Callable[[Workspace], list[str]]:
+    def build(ws: Workspace) -> list[str]:
+        run = _run_folder(ws, _report_dict())
+        path = ws.root / "device.json"
+        path.write_text(content if isinstance(content, str) else json.dumps(content))
+        return ["report", str(run), "--device-results", str(path)]
+
+    return build
+
+
+DEVICE_ROW = {
+    "schema": "compress.device-benchmark/1",
+    "model_sha256": "ab" * 32,
+    "device": {"machine": "aarch64"},
+    "interpreter": {"name": "onnxruntime", "version": "1"},
+    "latency_ms": "fast",
+}
+
+
+def _run_json(text: str) -> Callable[[Workspace], list[str]]:
+    return lambda ws: ["report", str(_run_folder(ws, run_json=text))]
+
+
+def _checkpoint_config(config: dict) -> Callable[[Workspace], list[str]]:
+    def build(ws: Workspace) -> list[str]:
+        folder = ws.root / "checkpoint"
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps(config))
+        return ["eval", str(folder), "--data", str(ws.data["dev"]), "--text", "sentence"]
+
+    return build
+
+
+def _artifact_manifest(manifest: dict) -> Callable[[Workspace], list[str]]:
+    def build(ws: Workspace) -> list[str]:
+        folder = ws.root / "artifact"
+        folder.mkdir()
+        (folder / "manifest.json").write_text(json.dumps(manifest))
+        (folder / "labels.json").write_text('["l0", "l1"]')
+        return ["eval", str(folder), "--data", str(ws.data["dev"]), "--text", "sentence"]
+
+    return build
+
+
+def _rehash(folder: Path) -> None:
+    """Make the manifest agree with the files again, as a careless re-packer would."""
+    manifest = json.loads((folder / "manifest.json").read_text())
+    for entry in manifest["files"]:
+        path = folder / entry["path"]
+        if path.is_file():
+            entry["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+
+
+def _onnx_artifact(ws: Workspace, target: str = "arm64-onnx", folder: Path | None = None) -> Path:
+    from tests.helpers.artifacts import make_artifact
+
+    return make_artifact(ws.teacher, folder or ws.root / "artifact", "onnx", [16], target=target)
+
+
+def _corrupt_onnx(folder: Path) -> None:
+    model = folder / "model.onnx"
+    model.write_bytes(b"\x08\x07garbage, not a protobuf" * 64)
+    _rehash(folder)
+
+
+def _eval_corrupt_onnx(ws: Workspace) -> list[str]:
+    folder = _onnx_artifact(ws)
+    _corrupt_onnx(folder)
+    return ["eval", str(folder), "--data", str(ws.data["dev"]), "--text", "sentence"]
+
+
+def _runner(damage: Callable[[Workspace, Path], list[str] | None]) -> Callable[[Workspace], list[str]]:
+    """The on-device runner on an artifact folder that ``damage`` changed; it may add arguments."""
+
+    def build(ws: Workspace) -> list[str]:
+        folder = _onnx_artifact(ws)
+        extra = damage(ws, folder) or []
+        ws.module = "compress.runtime.runner"
+        return ["--dir", str(folder), "predict", "a good film", *extra]
+
+    return build
+
+
+def _runner_corrupt_onnx(ws: Workspace, folder: Path) -> None:
+    _corrupt_onnx(folder)
+
+
+def _runner_files_not_objects(ws: Workspace, folder: Path) -> None:
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["files"] = [entry["path"] for entry in manifest["files"]]
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+
+
+def _runner_deep_manifest(ws: Workspace, folder: Path) -> None:
+    text = (folder / "manifest.json").read_text().rstrip()
+    (folder / "manifest.json").write_text(text[:-1] + ', "notes": ' + "[" * 100_000 + "]" * 100_000 + "}")
+
+
+def _runner_duplicate_labels(ws: Workspace, folder: Path) -> None:
+    (folder / "labels.json").write_text('["l0", "l0"]')
+    _rehash(folder)
+
+
+def _runner_out_dev_null(ws: Workspace, folder: Path) -> list[str]:
+    return ["--out", str(_link_to_dev_null(ws))]
+
+
+def _bundle_run(ws: Workspace, damage: Callable[[Path], None] | None = None) -> Path:
+    """A finished run folder with one export stage holding one ONNX artifact for arm64-onnx."""
+    run = _run_folder(ws)
+    stage = run / "01-export"
+    stage.mkdir()
+    manifest = {"schema": "compress.stage/1", "produces": "artifacts", "complete": True}
+    (stage / "manifest.json").write_text(json.dumps(manifest))
+    artifact = _onnx_artifact(ws, folder=stage / "arm64-onnx")
+    if damage is not None:
+        damage(artifact)
+    return run
+
+
+def _list_outside_file(artifact: Path, rel: str, content: bytes = b"secret\n") -> None:
+    manifest = json.loads((artifact / "manifest.json").read_text())
+    manifest["files"].append(
+        {"path": rel, "sha256": hashlib.sha256(content).hexdigest(), "bytes": len(content)}
+    )
+    (artifact / "manifest.json").write_text(json.dumps(manifest))
+
+
+def _bundle_dotdot(ws: Workspace) -> list[str]:
+    (ws.root / "secret.txt").write_bytes(b"secret\n")
+
+    def damage(artifact: Path) -> None:
+        _list_outside_file(artifact, "../../../../secret.txt")
+
+    return ["bundle", str(_bundle_run(ws, damage)), "--target", "arm64-onnx"]
+
+
+def _bundle_absolute(ws: Workspace) -> list[str]:
+    secret = ws.root / "secret.txt"
+    secret.write_bytes(b"secret\n")
+    return [
+        "bundle",
+        str(_bundle_run(ws, lambda a: _list_outside_file(a, str(secret)))),
+        "--target",
+        "arm64-onnx",
+    ]
+
+
+def _bundle_symlink_out(ws: Workspace) -> list[str]:
+    secret = ws.root / "secret.txt"
+    secret.write_bytes(b"secret\n")
+
+    def damage(artifact: Path) -> None:
+        (artifact / "notes.txt").symlink_to(secret)
+        _list_outside_file(artifact, "notes.txt")
+
+    return ["bundle", str(_bundle_run(ws, damage)), "--target", "arm64-onnx"]
+
+
+def _bundle_out_fifo(ws: Workspace) -> list[str]:
+    run = _bundle_run(ws)
+    return ["bundle", str(run), "--target", "arm64-onnx", "-o", str(_fifo(ws, "b.tar.gz"))]
+
+
+def _eval_stage_dir_escape(ws: Workspace) -> list[str]:
+    run_json = {
+        "schema": "compress.run/1",
+        "recipe_file": str(ws.recipe()),
+        "teacher_dir": str(ws.teacher),
+        "stages": [{"type": "export", "dir": "../../elsewhere"}],
+    }
+    run = _run_folder(ws, run_json=json.dumps(run_json))
+    return ["eval", str(run), "--data", str(ws.data["dev"]), "--text", "sentence"]
+
+
+# -- recipes that validate but cannot run -----------------------------------------------------------
+
+
+def _validate(stages: str = FINETUNE, extra: str = "", **edits: tuple[str, str]):
+    def build(ws: Workspace) -> list[str]:
+        path = ws.recipe(stages, extra)
+        for old, new in edits.values():
+            ws.edit(path, old, new)
+        return ["validate", str(path)]
+
+    return build
+
+
+def _validate_long_target(ws: Workspace) -> list[str]:
+    _own_targets(ws, TINY_BOARD.replace("sequence_lengths: [16]", "sequence_lengths: [16, 256]"))
+    return ["validate", str(ws.recipe(FINETUNE, "targets: [tiny-board]\n"))]
+
+
+def _recipe_fifo(ws: Workspace) -> list[str]:
+    return ["validate", str(_fifo(ws, "r.yaml"))]
+
+
+def _recipe_loop(ws: Workspace) -> list[str]:
+    return ["validate", str(_symlink_loop(ws, "r.yaml"))]
+
+
+def _data_special(make: Callable[[Workspace, str], Path]) -> Callable[[Workspace], list[str]]:
+    def build(ws: Workspace) -> list[str]:
+        path = ws.edit(ws.recipe(), str(ws.data["dev"]), str(make(ws, "dev.tsv")))
+        return ws.run(path)
+
+    return build
+
+
+def _eval_data_fifo(ws: Workspace) -> list[str]:
+    folder = ws.root / "checkpoint"
+    shutil.copytree(ws.teacher, folder)
+    return ["eval", str(folder), "--data", str(_fifo(ws, "dev.tsv")), "--text", "sentence"]
+
+
+def _rows(label: str, n: int = 8) -> str:
+    return "sentence\tlabel\n" + f"good film\t{label}\nbad film\t0\n" * n
+
+
 CASES = [
     # YAML and the recipe file itself
     Case("yaml-unclosed-bracket", _yaml("name: x\nstages: [\n"), ("malformed yaml", "r.yaml:3", "fix")),
@@ -521,6 +867,123 @@ CASES = [
     Case("bundle-model-tampered", _tampered_bundle, ("model.onnx", "sha256", "copy it again")),
     Case("artifact-tampered-before-eval", _tampered_artifact_eval, ("labels.json", "sha256")),
     Case("gate-fails", _failed_gate, ("min_accuracy",), code=1),
+    # files compress wrote earlier (issue 20): wrong types, missing keys, nesting, newer versions
+    Case("gate-metric-as-text", _gate(_metric_as_text()), ("artifacts[0].metrics.accuracy", "'0.5'")),
+    Case("gate-artifact-without-name", _gate(_nameless_artifact()), ("artifacts[0].name", "missing")),
+    Case("gate-report-deeply-nested", _gate(_deep_report()), ("report.json", "nested deeper")),
+    Case(
+        "gate-report-from-a-newer-compress",
+        _gate(_report_dict(gates_config={"min_accuracy": 0.9, "max_energy_mj": 3.0})),
+        ("min_accuracy", "02-export/arm64-onnx"),
+        code=1,
+    ),
+    Case("gate-baseline-bytes-as-text", _gate_baseline_bytes_text, ("old.json", "artifacts[0].bytes")),
+    Case("gate-report-symlink-loop", _gate_report_loop, ("report.json", "symbolic link loop")),
+    Case("gate-report-is-a-fifo", _gate_report_fifo, ("report.json", "fifo", "save the content to a file")),
+    Case("gate-junit-link-to-dev-null", _gate_junit(_link_to_dev_null), ("junit.xml", "character device")),
+    Case("gate-junit-is-a-folder", _gate_junit(lambda ws: ws.root), ("is a folder", "file path")),
+    Case("report-json-truncated", _report_truncated, ("report.json", "not valid json", "delete it")),
+    Case(
+        "device-results-wrong-type",
+        _device_results(DEVICE_ROW),
+        ("device.json", "latency_ms", "runner.py benchmark"),
+    ),
+    Case(
+        "device-results-not-objects", _device_results([3]), ("device.json", "schema", "runner.py benchmark")
+    ),
+    Case("device-results-empty-list", _device_results([]), ("device.json", "empty", "runner.py benchmark")),
+    Case(
+        "run-json-truncated", _run_json('{"schema": "compress.run/1", "stag'), ("run.json", "not valid json")
+    ),
+    Case(
+        "run-json-wrong-types",
+        _run_json('{"recipe_file": 5, "stages": "all"}'),
+        ("run.json", "recipe_file", "--fresh"),
+    ),
+    Case("run-json-stage-dir-escapes", _eval_stage_dir_escape, ("run.json", "stages[0].dir")),
+    Case(
+        "checkpoint-id2label-not-ids",
+        _checkpoint_config({"model_type": "bert", "id2label": {"zero": "neg", "one": "pos"}}),
+        ("config.json", "id2label", "save_pretrained"),
+    ),
+    Case(
+        "artifact-manifest-without-format",
+        _artifact_manifest({"kind": "artifact", "files": []}),
+        ("manifest.json", "format", "export the artifact again"),
+    ),
+    # model files
+    Case("eval-corrupt-onnx", _eval_corrupt_onnx, ("model.onnx", "cannot load it", "copy the bundle again")),
+    Case("runner-corrupt-onnx", _runner(_runner_corrupt_onnx), ("model.onnx", "cannot load it")),
+    Case("runner-manifest-files-not-objects", _runner(_runner_files_not_objects), ("files[0]", "re-create")),
+    Case("runner-manifest-deeply-nested", _runner(_runner_deep_manifest), ("manifest.json", "nested")),
+    Case("runner-duplicate-labels", _runner(_runner_duplicate_labels), ("labels.json", "twice")),
+    Case("runner-out-link-to-dev-null", _runner(_runner_out_dev_null), ("junit.xml", "fifo or device")),
+    # bundle paths stay inside the artifact folder
+    Case("bundle-manifest-path-climbs-out", _bundle_dotdot, ("manifest.json", "leaves its folder")),
+    Case("bundle-manifest-absolute-path", _bundle_absolute, ("manifest.json", "leaves its folder")),
+    Case("bundle-manifest-symlink-out", _bundle_symlink_out, ("notes.txt", "links outside")),
+    Case("bundle-out-is-a-fifo", _bundle_out_fifo, ("b.tar.gz", "fifo", "file path")),
+    # label columns
+    Case(
+        "data-label-superscript-digit",
+        _data("sup.tsv", _rows("\u00b2"), x=NO_TASK_LABELS),
+        ("sup.tsv", "not integers", "task.labels"),
+    ),
+    Case(
+        "data-label-arabic-digit",
+        _data("arabic.tsv", _rows("\u0661"), x=NO_TASK_LABELS),
+        ("arabic.tsv", "not integers", "task.labels"),
+    ),
+    Case(
+        "data-label-id-too-large",
+        _data("huge.tsv", _rows("20000"), x=NO_TASK_LABELS),
+        ("huge.tsv", "label id 20000", "renumber"),
+    ),
+    Case(
+        "data-label-json-true",
+        _data("rows.jsonl", '{"sentence": "good film", "label": true}\n{"sentence": "bad", "label": 0}\n'),
+        ("rows.jsonl", "'true'", "task.labels"),
+    ),
+    Case(
+        "data-csv-byte-order-mark",
+        _data("bom.csv", "\ufeffsentence,label\nhello,7\n", "eval"),
+        ("bom.csv", "label 7", "0..1"),
+    ),
+    Case(
+        "data-jsonl-deeply-nested",
+        _data("deep.jsonl", "[" * 100_000 + "]" * 100_000 + "\n"),
+        ("deep.jsonl:1", "nested too deeply"),
+    ),
+    Case(
+        "data-jsonl-huge-integer",
+        _data("big.jsonl", '{"sentence": "a", "label": ' + "1" * 5000 + "}\n"),
+        ("big.jsonl:1", "fix the line"),
+    ),
+    # validate: everything that can be known before training
+    Case(
+        "validate-temperature-infinite",
+        _validate(DISTILL + "    temperature: .inf\n"),
+        ("stages[0].temperature", "finite"),
+    ),
+    Case("validate-lr-nan", _validate(FINETUNE + "    lr: .nan\n"), ("stages[0].lr", "finite")),
+    Case("validate-seed-above-numpy", _validate(x=("seed: 0", "seed: 4294967296")), ("seed", "<=")),
+    Case("validate-seed-negative", _validate(x=("seed: 0", "seed: -1")), ("seed", ">= 0")),
+    Case(
+        "validate-duplicate-label-names",
+        _validate(x=("labels: [negative, positive]", "labels: [negative, negative]")),
+        ("task.labels", "'negative' is listed twice"),
+    ),
+    Case(
+        "validate-max-length-beyond-teacher",
+        _validate(x=("max_length: 16", "max_length: 512")),
+        ("task.max_length", "position table (128 tokens", "at most 128"),
+    ),
+    Case("validate-target-beyond-teacher", _validate_long_target, ("tiny-board", "256", "target_options")),
+    Case("recipe-is-a-fifo", _recipe_fifo, ("r.yaml", "fifo", "save the recipe")),
+    Case("recipe-symlink-loop", _recipe_loop, ("r.yaml", "symbolic link loop")),
+    Case("data-path-is-a-fifo", _data_special(_fifo), ("data.eval.path", "fifo")),
+    Case("data-path-symlink-loop", _data_special(_symlink_loop), ("data.eval.path", "symbolic link loop")),
+    Case("eval-data-is-a-fifo", _eval_data_fifo, ("dev.tsv", "fifo", "save the data to a file")),
 ]
 
 
@@ -587,4 +1050,4 @@ def test_bad_input_fails_cleanly(case: Case, workspace: Workspace):
 
 
 def test_catalogue_is_complete():
-    assert len(CASES) >= 40 and len({case.id for case in CASES}) == len(CASES)
+    assert len(CASES) >= 120 and len({case.id for case in CASES}) == len(CASES)
