@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import compress_rows, hardware, render, rows, suite
+from benchmarks import compress_rows, hardware, render, rows, seeds, suite
 from compress.recipe import load_recipe
 from tests.conftest import REPO
 
@@ -242,3 +242,62 @@ def test_rows_of_several_targets_of_one_format_name_their_target_and_own_scheme(
         "02-quantize/phone": "teacher + int8 (phone)",
         "02-quantize/pi": "teacher + int8 weight-only (pi)",
     }
+
+
+def _seed_run(tmp_path: Path, seed: int | None, accuracy: float, with_teacher: bool) -> Path:
+    command = "python benchmarks/suite.py --only compress" + (
+        f" --set seed={seed}" if seed is not None else ""
+    )
+    rows_ = [
+        {
+            "task": "sst2",
+            "group": "compress",
+            "row": "x · ONNX Runtime int8",
+            "format": "onnx",
+            "accuracy": accuracy,
+            "bytes": 100,
+            "p50_ms": 1.0,
+        }
+    ]
+    if with_teacher:
+        rows_.append(
+            {
+                "task": "sst2",
+                "group": "teacher",
+                "row": "teacher · PyTorch fp32",
+                "format": "torch",
+                "accuracy": 0.8,
+                "bytes": 400,
+                "p50_ms": 4.0,
+            }
+        )
+    folder = tmp_path / f"run{seed}"
+    folder.mkdir()
+    (folder / "results.json").write_text(json.dumps({"command": command, "rows": rows_}))
+    return folder
+
+
+def test_seeds_aggregate_spread_and_share_of_the_teacher(tmp_path):
+    runs = [
+        seeds.load(_seed_run(tmp_path, None, 0.78, with_teacher=True)),
+        seeds.load(_seed_run(tmp_path, 1, 0.80, with_teacher=False)),
+        seeds.load(_seed_run(tmp_path, 2, 0.79, with_teacher=False)),
+    ]
+    summary = seeds.aggregate(runs)
+    assert summary["seeds"] == [0, 1, 2]
+    row = summary["tasks"]["sst2"]["rows"][0]
+    assert row["accuracy"] == {"0": 0.78, "1": 0.80, "2": 0.79}
+    assert row["accuracy_spread"]["mean"] == pytest.approx(0.79)
+    assert row["accuracy_spread"]["std"] == pytest.approx(0.01)
+    assert row["share_of_teacher"]["min"] == pytest.approx(0.975)
+    assert "0.79" not in seeds.markdown(summary) and "79.00 ± 1.00" in seeds.markdown(summary)
+
+
+def test_seeds_refuse_repeated_seeds_and_a_missing_teacher(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    twice = [seeds.load(_seed_run(tmp_path / d, 1, 0.8, with_teacher=True)) for d in ("a", "b")]
+    with pytest.raises(SystemExit, match="share a seed"):
+        seeds.aggregate(twice)
+    with pytest.raises(SystemExit, match="no run measured the sst2 teacher"):
+        seeds.aggregate([seeds.load(_seed_run(tmp_path, 3, 0.8, with_teacher=False))])
