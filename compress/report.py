@@ -31,7 +31,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, Strict, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, Strict, StrictBool, StrictInt, StrictStr
 
 from compress.errors import CompressError
 from compress.io import read_json, read_model, write_json_atomic, write_text_atomic
@@ -45,6 +45,8 @@ REDO_DEVICE = "write it again with the bundle's `runner.py benchmark --out FILE`
 
 Num = Annotated[float, Strict()] | None
 """A measured number (int or float, never a string or bool), or None when not measured."""
+Scalar = StrictStr | StrictInt | Annotated[float, Strict()] | StrictBool | None
+"""A value shown in a table or used as part of a key (never a list or object)."""
 
 
 class _Open(BaseModel):
@@ -65,9 +67,13 @@ class Metrics(_Open):
 
 
 class Entry(_Open):
+    """What the gates read of a report entry."""
+
     name: StrictStr
-    role: StrictStr = "artifact"
+    role: StrictStr | None = None
+    format: StrictStr | None = None
     target: StrictStr | None = None
+    precision: StrictStr | None = None
     bytes: Num = None
     parameters: Num = None
     metrics: Metrics
@@ -75,9 +81,22 @@ class Entry(_Open):
     budgets: dict[str, Annotated[float, Strict()]] | None = None
 
 
+class ShownEntry(Entry):
+    """What report.md and report.png also need: every entry compress writes has these."""
+
+    role: StrictStr
+    format: StrictStr
+    bytes: Annotated[float, Strict(), Field(ge=0)]
+
+
 class DeviceRow(_Open):
     artifact: StrictStr
+    where: StrictStr
     runtime: StrictStr
+    machine: Scalar = None
+    cpu: Scalar = None
+    board: Scalar = None
+    threads: Scalar = None
     latency_ms: dict[str, Num]
 
 
@@ -90,11 +109,15 @@ class GateRow(_Open):
     detail: StrictStr = ""
 
 
+class ReportData(_Open):
+    labels: list[StrictStr] = Field(default_factory=list)
+
+
 class ReportFile(_Open):
     """report.json as far as compress uses it; unknown keys (a newer minor version's) are kept."""
 
     schema_: Literal["compress.report/1"] = Field(alias="schema")
-    data: dict[str, Any] = Field(default_factory=dict)
+    data: ReportData = Field(default_factory=lambda: ReportData())
     teacher: Entry | None = None
     checkpoints: list[Entry] = Field(default_factory=list)
     artifacts: list[Entry] = Field(default_factory=list)
@@ -103,18 +126,31 @@ class ReportFile(_Open):
     gates: list[GateRow] = Field(default_factory=list)
 
 
+class ShownReport(ReportFile):
+    """A report that ``compress report`` renders again (report.md, report.png)."""
+
+    teacher: ShownEntry | None = None
+    checkpoints: list[ShownEntry] = Field(default_factory=list)
+    artifacts: list[ShownEntry] = Field(default_factory=list)
+
+
 class DeviceResult(_Open):
     """One result of the runner's ``benchmark --out``."""
 
     schema_: Literal["compress.device-benchmark/1"] = Field(alias="schema")
     model_sha256: Annotated[StrictStr, Field(pattern=r"^[0-9a-f]{64}$")]
-    device: dict[str, Any] = Field(default_factory=dict)
-    interpreter: dict[str, Any] = Field(default_factory=dict)
+    device: dict[str, Scalar] = Field(default_factory=dict)
+    interpreter: dict[str, Scalar] = Field(default_factory=dict)
+    threads: StrictInt | None = None
     latency_ms: dict[str, Num]
+    created: Scalar = None
+    input_tokens: dict[str, Num] | None = None
+    padded_to: list[StrictInt] | None = None
 
 
-def load_report(path: str | Path) -> dict[str, Any]:
-    """A report.json checked against ``ReportFile``; the dict as written (with any newer keys)."""
+def load_report(path: str | Path, *, shown: bool = False) -> dict[str, Any]:
+    """A report.json checked against ``ReportFile`` (``ShownReport`` when it will be rendered again);
+    the dict as written, with any keys a newer minor version added."""
     path = Path(path)
     if path.is_dir():
         path = path / "report.json"
@@ -125,7 +161,7 @@ def load_report(path: str | Path) -> dict[str, Any]:
             f"{path}: schema {schema!r} is not {SCHEMA!r}; read it with the compress that wrote it, "
             f"or {REDO_REPORT}"
         )
-    read_model(path, ReportFile, redo=REDO_REPORT)
+    read_model(path, ShownReport if shown else ReportFile, redo=REDO_REPORT)
     return report
 
 
@@ -253,7 +289,7 @@ def regenerate(run_dir: str | Path, device_results: str | Path | None = None) ->
         require_path(device_results, "pass the JSON from `runner.py benchmark --out FILE`")
     report_path = run_dir / "report.json"
     if report_path.exists() or report_path.is_symlink():
-        report = load_report(report_path)
+        report = load_report(report_path, shown=True)
     else:
         from compress.subjects import recipe_of_run
 

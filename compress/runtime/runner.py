@@ -117,7 +117,7 @@ def check_manifest(path: Path, manifest: Any) -> dict[str, Any]:
     fix = "re-create the bundle with compress"
     if not isinstance(manifest, dict):
         raise RunnerError(f"{path}: must be a JSON object; {fix}")
-    if manifest.get("format") not in MODEL_FILES or not isinstance(manifest.get("files"), list):
+    if manifest.get("format") not in ("onnx", "tflite") or not isinstance(manifest.get("files"), list):
         raise RunnerError(f"{path}: needs 'format' (onnx|tflite) and 'files'; {fix}")
     for index, entry in enumerate(manifest["files"]):
         if not isinstance(entry, dict) or not isinstance(entry.get("sha256"), str):

@@ -315,13 +315,20 @@ def _report_dict(**top: object) -> dict:
     artifact = {
         "name": "02-export/arm64-onnx",
         "role": "artifact",
+        "format": "onnx",
         "target": "arm64-onnx",
         "bytes": 1000,
         "sha256": "ab" * 32,
         "metrics": {"accuracy": 0.5, "latency_ms": {"p50": 1.0}},
         "measured": {"machine": "x86_64"},
     }
-    teacher = {"name": "teacher", "role": "teacher", "bytes": 4000, "metrics": {"accuracy": 0.9}}
+    teacher = {
+        "name": "teacher",
+        "role": "teacher",
+        "format": "torch",
+        "bytes": 4000,
+        "metrics": {"accuracy": 0.9},
+    }
     report = {
         "schema": "compress.report/1",
         "run": "runs/tiny",
