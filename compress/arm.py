@@ -125,12 +125,23 @@ def emulated_env(site: Path | None, home: Path) -> dict[str, str]:
 
 
 def unpack(bundle: Path, into: Path) -> Path:
+    """Extract with tarfile's 'data' filter: no member outside ``into``, no links out, no devices or FIFOs.
+
+    The bundle must be a regular file (a FIFO would block); a truncated gzip ends in EOFError or a
+    zlib error rather than a TarError, and both are a damaged bundle, not a bug.
+    """
+    import zlib
+
+    from compress.io import require_regular_file
+
+    require_regular_file(bundle, "make one with `compress bundle`")
     try:
         with tarfile.open(bundle) as tar:
             tar.extractall(into, filter="data")
-    except (OSError, tarfile.TarError) as exc:
+    except (OSError, EOFError, zlib.error, tarfile.TarError) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise CompressError(
-            f"{bundle}: not a readable bundle ({exc}); make one with `compress bundle`"
+            f"{bundle}: not a readable bundle ({reason}); copy it again or make one with `compress bundle`"
         ) from None
     folders = [p for p in into.iterdir() if (p / "runner.py").is_file()]
     if len(folders) != 1:
@@ -148,13 +159,19 @@ def run_env(root: Path, site: Path, folder: Path, data: Path, timeout: float) ->
                           capture_output=True, text=True, timeout=timeout)  # fmt: skip
     if info.returncode != 0:
         return {"error": (info.stderr.strip().splitlines() or ["no output"])[-1]}
-    described = json.loads(info.stdout)
+    try:
+        described = json.loads(info.stdout)
+        result = {"interpreter": described["interpreter"], "machine": described["device"]["machine"]}
+    except (ValueError, KeyError, TypeError) as exc:
+        return {"error": f"runner.py info printed no usable JSON ({type(exc).__name__})"}
     command = emulate(root, ["runner.py", "predict", "--file", str(data), "--out", str(out)])
     done = subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True, timeout=timeout)
-    result = {"interpreter": described["interpreter"], "machine": described["device"]["machine"]}
     if done.returncode != 0:
         return {**result, "error": (done.stderr.strip().splitlines() or ["no output"])[-1]}
-    rows = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    try:
+        rows = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    except (OSError, ValueError) as exc:
+        return {**result, "error": f"{out.name}: no usable predictions ({type(exc).__name__})"}
     return {**result, "rows": rows, "seconds": round(time.time() - start, 1)}
 
 
@@ -200,22 +217,22 @@ def verify_arm(
     """Run ``bundle`` emulated once per requirements file in it; compare its labels with the host's."""
     from compress.runtime.runner import RunnerError, load
 
-    check_tools()
     bundle = Path(bundle)
-    root = build_root(Path(root_cache) if root_cache else default_cache())
     with tempfile.TemporaryDirectory(prefix="compress-arm-") as scratch:
-        folder = unpack(bundle, Path(scratch))
+        folder = unpack(bundle, Path(scratch))  # the bundle is checked before the emulated root is built
+        try:
+            runner = load(folder)
+            logits = runner.predict_logits(texts, pairs)
+        except RunnerError as exc:
+            raise CompressError(f"{bundle}: {exc}") from None
+        check_tools()
+        root = build_root(Path(root_cache) if root_cache else default_cache())
         data = folder / "verify-texts.jsonl"
         rows = [
             {"text": t} if pairs is None else {"text": t, "pair": p}
             for t, p in zip(texts, pairs or texts, strict=True)
         ]
         data.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
-        try:
-            runner = load(folder)
-            logits = runner.predict_logits(texts, pairs)
-        except RunnerError as exc:
-            raise CompressError(f"{bundle}: {exc}") from None
         host = [
             {**row, "logits": list(map(float, values))}
             for row, values in zip(runner.decode(logits), logits, strict=True)

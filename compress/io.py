@@ -127,12 +127,8 @@ def require_path(path: str | Path, fix: str) -> Path:
     return path
 
 
-def read_bytes(path: str | Path, *, limit: int = MAX_JSON_BYTES, fix: str = "check the path") -> bytes:
-    """The bytes of a regular file of at most ``limit`` bytes.
-
-    A FIFO or device is refused before it is opened (opening a FIFO blocks until a writer comes,
-    /dev/zero never ends), and at most ``limit + 1`` bytes are read in case the file grows.
-    """
+def require_regular_file(path: str | Path, fix: str) -> os.stat_result:
+    """The stat of ``path`` if it is a regular file; a folder, FIFO, device or loop is one line."""
     path = Path(path)
     try:
         info = os.stat(path)
@@ -144,6 +140,17 @@ def read_bytes(path: str | Path, *, limit: int = MAX_JSON_BYTES, fix: str = "che
         raise UnreadableFile(
             f"{path}: is {_kind(info.st_mode)}, not a regular file; save the content to a file"
         )
+    return info
+
+
+def read_bytes(path: str | Path, *, limit: int = MAX_JSON_BYTES, fix: str = "check the path") -> bytes:
+    """The bytes of a regular file of at most ``limit`` bytes.
+
+    A FIFO or device is refused before it is opened (opening a FIFO blocks until a writer comes,
+    /dev/zero never ends), and at most ``limit + 1`` bytes are read in case the file grows.
+    """
+    path = Path(path)
+    info = require_regular_file(path, fix)
     if info.st_size > limit:
         raise BadFile(f"{path}: {info.st_size} bytes, more than the {limit} compress reads; {fix}")
     try:

@@ -614,6 +614,47 @@ def _eval_stage_dir_escape(ws: Workspace) -> list[str]:
     return ["eval", str(run), "--data", str(ws.data["dev"]), "--text", "sentence"]
 
 
+def _verify_arm(damage: Callable[[Workspace, Path], Path]) -> Callable[[Workspace], list[str]]:
+    """``compress verify-arm`` on a bundle that ``damage`` changed; the bundle is checked before qemu."""
+
+    def build(ws: Workspace) -> list[str]:
+        from compress.bundle import bundle_files, write_tar
+
+        files = bundle_files(_onnx_artifact(ws), 1, "b.tar.gz")
+        bundle = ws.root / "b.tar.gz"
+        write_tar(bundle, "b", files, 0)
+        texts = ws.root / "texts.txt"
+        texts.write_text("a good film\n")
+        return ["verify-arm", str(damage(ws, bundle)), "--data", str(texts), "--cache", str(ws.root / "root")]
+
+    return build
+
+
+def _truncated_bundle(ws: Workspace, bundle: Path) -> Path:
+    bundle.write_bytes(bundle.read_bytes()[: bundle.stat().st_size // 2])
+    return bundle
+
+
+def _fifo_bundle(ws: Workspace, bundle: Path) -> Path:
+    bundle.unlink()
+    return _fifo(ws, "b.tar.gz")
+
+
+def _bundle_listing_outside(ws: Workspace, bundle: Path) -> Path:
+    """A re-packed bundle whose manifest lists a file above the bundle folder."""
+    import tarfile as tar_module
+
+    from compress.bundle import write_tar
+
+    with tar_module.open(bundle) as tar:
+        files = {m.name.split("/", 1)[1]: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+    manifest = json.loads(files["manifest.json"])
+    manifest["files"].append({"path": "../outside.txt", "sha256": "ab" * 32, "bytes": 1})
+    files["manifest.json"] = json.dumps(manifest).encode()
+    write_tar(bundle, "b", files, 0)
+    return bundle
+
+
 # -- recipes that validate but cannot run -----------------------------------------------------------
 
 
@@ -930,6 +971,17 @@ CASES = [
     Case("bundle-manifest-absolute-path", _bundle_absolute, ("manifest.json", "leaves its folder")),
     Case("bundle-manifest-symlink-out", _bundle_symlink_out, ("notes.txt", "links outside")),
     Case("bundle-out-is-a-fifo", _bundle_out_fifo, ("b.tar.gz", "fifo", "file path")),
+    Case(
+        "verify-arm-truncated-bundle",
+        _verify_arm(_truncated_bundle),
+        ("b.tar.gz", "not a readable bundle", "copy it again"),
+    ),
+    Case("verify-arm-bundle-is-a-fifo", _verify_arm(_fifo_bundle), ("b.tar.gz", "fifo")),
+    Case(
+        "verify-arm-manifest-path-climbs-out",
+        _verify_arm(_bundle_listing_outside),
+        ("b.tar.gz", "'../outside.txt'", "leaves the folder"),
+    ),
     # label columns
     Case(
         "data-label-superscript-digit",
