@@ -98,6 +98,11 @@ def run_worker(
         if proc.returncode != 0:
             if isinstance(result, dict) and isinstance(result.get("error"), str):
                 raise CompressError(f"{subject.path}: {result['error']}")
+            if proc.returncode < 0:  # a native runtime killed by a signal, typically on a damaged model
+                raise CompressError(
+                    f"{subject.path}: the {subject.format} runtime crashed (signal {-proc.returncode}) "
+                    "loading or running it; the model file may be damaged: export it again"
+                )
             raise RuntimeError(f"evaluating {subject.path} failed:\n{proc.stderr[-4000:]}")
         return np.load(f"{tmp}/logits.npy"), result
 

@@ -125,19 +125,40 @@ def measure(predict: Predict, request: dict[str, Any]) -> tuple[np.ndarray, dict
     return np.concatenate(batches), stats
 
 
+def load_model(request: dict[str, Any]) -> tuple[Predict, dict[str, Any]]:
+    """The guarded loader: any failure to open the user's model file is one line naming it.
+
+    The loaders raise compress errors for what they know (missing files, pickles, hash mismatches);
+    a runtime's own exception while parsing a damaged file (protobuf, flatbuffer, safetensors
+    header) is still the file's fault, not a bug, so it becomes a ``ModelError`` too.
+    """
+    from compress.errors import CompressError, ModelError
+
+    threads = request["threads"]
+    try:
+        if request["kind"] == "torch":
+            return load_torch(
+                request["model"],
+                threads,
+                request["max_length"],
+                allow_pickle=request.get("allow_pickle", False),
+                trust_remote_code=request.get("trust_remote_code", False),
+            )
+        return load_artifact(request["model"], threads)
+    except CompressError:
+        raise
+    except Exception as exc:
+        reason = (str(exc).strip().splitlines() or [""])[0][:200]
+        raise ModelError(
+            f"cannot load the model ({type(exc).__name__}: {reason}); the file may be damaged: "
+            "copy or export it again"
+        ) from None
+
+
 def run(request: dict[str, Any]) -> dict[str, Any]:
     threads = request["threads"]
     before_load = peak_rss_bytes()
-    if request["kind"] == "torch":
-        predict, info = load_torch(
-            request["model"],
-            threads,
-            request["max_length"],
-            allow_pickle=request.get("allow_pickle", False),
-            trust_remote_code=request.get("trust_remote_code", False),
-        )
-    else:
-        predict, info = load_artifact(request["model"], threads)
+    predict, info = load_model(request)
     logits, stats = measure(predict, request)
     np.save(request["logits"], logits)
     stats["latency_ms"].update(

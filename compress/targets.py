@@ -16,7 +16,7 @@ from typing import Literal
 from pydantic import Field, ValidationError, model_validator
 
 from compress.config import Strict
-from compress.errors import RecipeError
+from compress.errors import CompressError, RecipeError
 
 Scheme = Literal["weight-only", "dynamic", "static"]
 
@@ -86,9 +86,18 @@ def targets_dir() -> Path:
 
 
 def load_target_file(path: Path) -> TargetProfile:
-    from compress.recipe import validation_error_line
+    from compress.io import require_regular_file
+    from compress.recipe import MAX_RECIPE_BYTES, validation_error_line
     from compress.yamlpos import load_yaml_with_lines
 
+    try:
+        size = require_regular_file(path, "check $COMPRESS_TARGETS").st_size
+    except CompressError as exc:
+        raise RecipeError(str(exc)) from None
+    if size > MAX_RECIPE_BYTES:
+        raise RecipeError(
+            f"{path}: {size} bytes, more than a target profile's {MAX_RECIPE_BYTES}; is it one?"
+        )
     data, lines = load_yaml_with_lines(path)
     if not isinstance(data, dict):
         raise RecipeError(f"{path}:1: a target profile must be a mapping of keys, got {type(data).__name__}")

@@ -689,6 +689,14 @@ def _data_special(make: Callable[[Workspace, str], Path]) -> Callable[[Workspace
     return build
 
 
+def _profile_fifo(ws: Workspace) -> list[str]:
+    folder = ws.root / "targets"
+    folder.mkdir()
+    os.mkfifo(folder / "tiny-board.yaml")
+    ws.env["COMPRESS_TARGETS"] = str(folder)
+    return ["targets"]
+
+
 def _eval_data_fifo(ws: Workspace) -> list[str]:
     folder = ws.root / "checkpoint"
     shutil.copytree(ws.teacher, folder)
@@ -1042,6 +1050,7 @@ CASES = [
     Case("recipe-symlink-loop", _recipe_loop, ("r.yaml", "symbolic link loop")),
     Case("data-path-is-a-fifo", _data_special(_fifo), ("data.eval.path", "fifo")),
     Case("data-path-symlink-loop", _data_special(_symlink_loop), ("data.eval.path", "symbolic link loop")),
+    Case("target-profile-is-a-fifo", _profile_fifo, ("tiny-board.yaml", "fifo")),
     Case("eval-data-is-a-fifo", _eval_data_fifo, ("dev.tsv", "fifo", "save the data to a file")),
 ]
 
