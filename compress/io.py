@@ -33,8 +33,14 @@ MAX_JSON_BYTES = 256 << 20
 """Larger than any report or manifest compress writes; a bigger file is not one of ours."""
 MAX_JSON_DEPTH = 64
 """compress nests its JSON at most ~8 levels; deeper documents only exhaust the stack."""
-WRITE_THROUGH = ("/dev/stdout", "/dev/stderr")
-"""Outputs written in place (not replaced): the user asked for the stream, not a file there."""
+WRITE_THROUGH = ("/dev/stdout", "/dev/stderr", "/dev/fd/", "/proc/self/fd/")
+"""Outputs written in place, whatever they point at (a terminal, a pipe, or the file of a shell's
+``>``): the user asked for the stream, and replacing the name would swap out /dev/stdout itself."""
+
+
+def is_stream_name(path: Path) -> bool:
+    text = str(path)
+    return any(text == name or (name.endswith("/") and text.startswith(name)) for name in WRITE_THROUGH)
 
 
 def _umask() -> int:
@@ -152,7 +158,9 @@ def read_bytes(path: str | Path, *, limit: int = MAX_JSON_BYTES, fix: str = "che
     path = Path(path)
     info = require_regular_file(path, fix)
     if info.st_size > limit:
-        raise BadFile(f"{path}: {info.st_size} bytes, more than the {limit} compress reads; {fix}")
+        raise BadFile(
+            f"{path}: {info.st_size} bytes, more than the {limit} compress reads; is it the right file?"
+        )
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
         with os.fdopen(fd, "rb") as handle:
@@ -160,7 +168,7 @@ def read_bytes(path: str | Path, *, limit: int = MAX_JSON_BYTES, fix: str = "che
     except OSError as exc:
         raise _stat_error(path, exc, fix) from None
     if len(data) > limit:
-        raise BadFile(f"{path}: more than the {limit} bytes compress reads; {fix}")
+        raise BadFile(f"{path}: more than the {limit} bytes compress reads; is it the right file?")
     return data
 
 
@@ -252,6 +260,8 @@ def _output_kind(target: Path) -> str | None:
     Anything else (a folder, FIFO, device or socket) raises: ``os.replace`` would swap it for a file,
     which for ``--junit /dev/null`` as root replaces the system's /dev/null.
     """
+    if is_stream_name(target):
+        return "stream"
     try:
         info = os.stat(target)
     except FileNotFoundError:
@@ -262,8 +272,6 @@ def _output_kind(target: Path) -> str | None:
         raise _stat_error(target, exc, "fix the path") from None
     if stat.S_ISREG(info.st_mode):
         return None
-    if str(target) in WRITE_THROUGH and (stat.S_ISCHR(info.st_mode) or stat.S_ISFIFO(info.st_mode)):
-        return "stream"
     raise CompressError(
         f"{target}: is {_kind(info.st_mode)}; compress writes its outputs as regular files, "
         "so give a file path (e.g. out/result.json)"

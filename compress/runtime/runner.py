@@ -45,7 +45,8 @@ MAX_JSON_BYTES = 16 << 20
 """A bundle's manifest and labels are a few kB; a bigger file is not one compress wrote."""
 MAX_INPUT_BYTES = 1 << 30
 MAX_DEPTH = 32
-WRITE_THROUGH = ("/dev/stdout", "/dev/stderr")
+WRITE_THROUGH = ("/dev/stdout", "/dev/stderr", "/dev/fd/", "/proc/self/fd/")
+"""Written in place whatever they point at (terminal, pipe, a shell's > file): never replaced."""
 
 
 class RunnerError(Exception):
@@ -562,6 +563,9 @@ def split_line(line: str, suffix: str, where: str) -> tuple[Any, Any]:
 def output_is_stream(path: Path) -> bool:
     """True for /dev/stdout or /dev/stderr (written in place); a regular file or nothing is replaced
     atomically; anything else (a folder, FIFO or device such as /dev/null) is refused, never replaced."""
+    text = str(path)
+    if any(text == name or (name.endswith("/") and text.startswith(name)) for name in WRITE_THROUGH):
+        return True
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
@@ -570,8 +574,6 @@ def output_is_stream(path: Path) -> bool:
         raise RunnerError(f"{path}: cannot write ({exc.strerror}); fix the path") from None
     if stat.S_ISREG(mode):
         return False
-    if str(path) in WRITE_THROUGH and (stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)):
-        return True
     what = "a folder" if stat.S_ISDIR(mode) else "not a regular file (a FIFO or device)"
     raise RunnerError(f"{path}: is {what}; give a file path for --out, or leave --out off for stdout")
 
