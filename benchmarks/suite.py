@@ -15,8 +15,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import platform
 import random
+import re
 import resource
 import shutil
 import sys
@@ -296,6 +298,26 @@ def cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
+REPO = Path(__file__).resolve().parent.parent
+
+
+def portable(value: Any, roots: list[Path]) -> Any:
+    """``value`` with every absolute path under one of ``roots`` written relative to the repository
+    (``runs/...``, ``../shared/...``), so a results.json reads the same on every machine it lands on."""
+    if isinstance(value, dict):
+        return {key: portable(item, roots) for key, item in value.items()}
+    if isinstance(value, list):
+        return [portable(item, roots) for item in value]
+    if not isinstance(value, str):
+        return value
+    for root in roots:
+        label = Path(os.path.relpath(root, REPO)).as_posix()
+        here = re.escape(root.as_posix())
+        value = re.sub(here + "/", "" if label == "." else f"{label}/", value)
+        value = re.sub(here + r"(?![\w.-])", label, value)
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
@@ -348,6 +370,9 @@ def main(argv: list[str] | None = None) -> int:
         "suite_wall_s": round(time.time() - start, 1),
         "suite_cpu_s": round(cpu_seconds(), 1),
     }
+    # deepest root first, so a ../shared inside the repository is not caught by the repository's own root
+    roots = sorted({REPO, *([args.shared.resolve()] if args.shared else [])}, key=lambda r: -len(r.parts))
+    results = portable(results, roots)
     render.write_all(results, args.out)
     log.info("done in %.1f min: %s", results["suite_wall_s"] / 60, args.out)
     return 0

@@ -301,3 +301,19 @@ def test_seeds_refuse_repeated_seeds_and_a_missing_teacher(tmp_path):
         seeds.aggregate(twice)
     with pytest.raises(SystemExit, match="no run measured the sst2 teacher"):
         seeds.aggregate([seeds.load(_seed_run(tmp_path, 3, 0.8, with_teacher=False))])
+
+
+def test_results_carry_paths_relative_to_the_repository_and_shared():
+    shared = (suite.REPO / ".." / "shared").resolve()
+    results = {
+        "tasks": {"sst2": {"data": f"{shared}/data/sst2", "teacher": str(shared)}},
+        "rows": [{"entry": {"path": f"{suite.REPO}/runs/b/sst2/peers/x"}, "bytes": 5}],
+        "command": f"python benchmarks/suite.py --shared {shared} --out {suite.REPO}/benchmarks/results",
+        "other": "/opt/elsewhere/file",
+    }
+    out = suite.portable(results, [shared, suite.REPO])
+    assert out["tasks"]["sst2"] == {"data": "../shared/data/sst2", "teacher": "../shared"}
+    assert out["rows"] == [{"entry": {"path": "runs/b/sst2/peers/x"}, "bytes": 5}]
+    assert out["command"] == "python benchmarks/suite.py --shared ../shared --out benchmarks/results"
+    assert out["other"] == "/opt/elsewhere/file"
+    assert str(suite.REPO) not in json.dumps(out)
