@@ -307,7 +307,13 @@ class Encoder:
     def __init__(self, path: Path, max_length: int):
         from tokenizers import Tokenizer
 
-        self.tokenizer = Tokenizer.from_file(str(path))
+        try:
+            self.tokenizer = Tokenizer.from_file(str(path))
+        except Exception as exc:  # tokenizers raises its own Exception subclass for any parse error
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+            raise RunnerError(
+                f"{path}: cannot load the tokenizer ({reason}); copy the bundle again"
+            ) from None
         padding = self.tokenizer.padding
         known = [self.tokenizer.token_to_id(token) for token in PAD_TOKENS]
         self.pad_id = padding["pad_id"] if padding else next((i for i in known if i is not None), 0)
@@ -510,6 +516,8 @@ def load(artifact_dir: str | Path, *, verify: bool = True, threads: int | None =
     if not model.is_file():
         raise RunnerError(f"{model}: missing; copy the whole bundle again")
     labels = read_labels(folder / "labels.json")
+    if threads is not None and threads < 1:
+        raise RunnerError(f"--threads {threads}: give a positive number of interpreter threads")
     count = int(threads or manifest.get("threads") or os.cpu_count() or 1)
     session = TFLiteSession(model, count) if manifest["format"] == "tflite" else OnnxSession(model, count)
     max_length = min(manifest["max_length"], max(session.lengths or [manifest["max_length"]]))

@@ -542,6 +542,11 @@ def _runner_duplicate_labels(ws: Workspace, folder: Path) -> None:
     _rehash(folder)
 
 
+def _runner_corrupt_tokenizer(ws: Workspace, folder: Path) -> None:
+    (folder / "tokenizer.json").write_text('{"version": "1.0", "model": {"type": "WordPiece"')
+    _rehash(folder)
+
+
 def _runner_out_dev_null(ws: Workspace, folder: Path) -> list[str]:
     return ["--out", str(_link_to_dev_null(ws))]
 
@@ -972,6 +977,12 @@ CASES = [
     Case("runner-corrupt-onnx", _runner(_runner_corrupt_onnx), ("model.onnx", "cannot load it")),
     Case("runner-manifest-files-not-objects", _runner(_runner_files_not_objects), ("files[0]", "re-create")),
     Case("runner-manifest-deeply-nested", _runner(_runner_deep_manifest), ("manifest.json", "nested")),
+    Case("runner-corrupt-tokenizer", _runner(_runner_corrupt_tokenizer), ("tokenizer.json", "cannot load")),
+    Case(
+        "runner-negative-threads",
+        lambda ws: ["--threads", "-2", *_runner(lambda ws, folder: None)(ws)],
+        ("--threads -2", "positive"),
+    ),
     Case("runner-duplicate-labels", _runner(_runner_duplicate_labels), ("labels.json", "twice")),
     Case("runner-out-link-to-dev-null", _runner(_runner_out_dev_null), ("junit.xml", "fifo or device")),
     # bundle paths stay inside the artifact folder
