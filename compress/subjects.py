@@ -77,7 +77,8 @@ class StageManifest(Open):
 
     schema_: StrictStr | None = Field(None, alias="schema")
     complete: StrictBool = False
-    produces: Literal["model", "artifacts"] | None = None
+    produces: StrictStr | None = None
+    """model or artifacts; a kind a newer compress adds is skipped here, as before."""
 
     @field_validator("schema_")
     @classmethod
@@ -182,7 +183,7 @@ def subject_at(path: str | Path, *, teacher: bool = False, name: str | None = No
     if not teacher and is_artifact_folder(folder):
         manifest = read_artifact_manifest(folder)
         labels_file = folder / "labels.json"
-        if not labels_file.is_file():
+        if not labels_file.exists() and not labels_file.is_symlink():
             raise ModelError(f"{folder}: artifact has no labels.json; re-export it")
         return Subject(
             name or manifest.name or folder.name,

@@ -553,7 +553,7 @@ def split_line(line: str, suffix: str, where: str) -> tuple[Any, Any]:
     if suffix == ".jsonl":
         try:
             row = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # also a line nested past the parser's stack
             row = None
         if not isinstance(row, dict) or "text" not in row:
             raise RunnerError(f'{where}: expected a JSON object like {{"text": "...", "pair": "..."}}')

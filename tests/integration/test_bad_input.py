@@ -522,6 +522,18 @@ def _runner(damage: Callable[[Workspace, Path], list[str] | None]) -> Callable[[
     return build
 
 
+def _runner_input(name: str, content: str) -> Callable[[Workspace], list[str]]:
+    """The runner's ``predict --file`` on an input file with ``content``."""
+
+    def build(ws: Workspace) -> list[str]:
+        folder = _onnx_artifact(ws)
+        (ws.root / name).write_text(content)
+        ws.module = "compress.runtime.runner"
+        return ["--dir", str(folder), "predict", "--file", str(ws.root / name)]
+
+    return build
+
+
 def _runner_corrupt_onnx(ws: Workspace, folder: Path) -> None:
     _corrupt_onnx(folder)
 
@@ -977,6 +989,11 @@ CASES = [
     Case("runner-corrupt-onnx", _runner(_runner_corrupt_onnx), ("model.onnx", "cannot load it")),
     Case("runner-manifest-files-not-objects", _runner(_runner_files_not_objects), ("files[0]", "re-create")),
     Case("runner-manifest-deeply-nested", _runner(_runner_deep_manifest), ("manifest.json", "nested")),
+    Case(
+        "runner-input-jsonl-deeply-nested",
+        _runner_input("in.jsonl", "[" * 100_000 + "]" * 100_000 + "\n"),
+        ("in.jsonl:1", "json object"),
+    ),
     Case("runner-corrupt-tokenizer", _runner(_runner_corrupt_tokenizer), ("tokenizer.json", "cannot load")),
     Case(
         "runner-negative-threads",
