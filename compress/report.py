@@ -53,6 +53,24 @@ class _Open(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
+class Latency(_Open):
+    """Milliseconds per request; what the gates and tables read is numeric, the rest is kept as is."""
+
+    p50: Num = None
+    p90: Num = None
+    p99: Num = None
+    mean: Num = None
+    min: Num = None
+    max: Num = None
+    padded_to: list[StrictInt] | StrictInt | None = None
+
+
+class Throughput(_Open):
+    batch_size: Num = None
+    items_per_s: Num = None
+    runtime_batch: Num = None
+
+
 class Metrics(_Open):
     accuracy: Num = None
     f1: Num = None
@@ -61,8 +79,8 @@ class Metrics(_Open):
     mean_kl: Num = None
     max_abs_logit_diff: Num = None
     peak_rss_bytes: Num = None
-    latency_ms: dict[str, Num] | None = None
-    throughput: dict[str, Num] | None = None
+    latency_ms: Latency | None = None
+    throughput: Throughput | None = None
     per_class: dict[str, dict[str, Num]] | None = None
 
 
@@ -97,7 +115,7 @@ class DeviceRow(_Open):
     cpu: Scalar = None
     board: Scalar = None
     threads: Scalar = None
-    latency_ms: dict[str, Num]
+    latency_ms: Latency
 
 
 class GateRow(_Open):
@@ -142,7 +160,7 @@ class DeviceResult(_Open):
     device: dict[str, Scalar] = Field(default_factory=dict)
     interpreter: dict[str, Scalar] = Field(default_factory=dict)
     threads: StrictInt | None = None
-    latency_ms: dict[str, Num]
+    latency_ms: Latency
     created: Scalar = None
     input_tokens: dict[str, Num] | None = None
     padded_to: list[StrictInt] | None = None
