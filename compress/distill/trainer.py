@@ -95,7 +95,8 @@ def distill_model(
             curves.setdefault(name, []).append(round(value, 6))
         scores = evaluate(student, data, options.eval_batch_size)
         history.append({"epoch": epoch, **scores})
-        log.info("distill epoch %d: loss %.4f eval %s", epoch, curves["total"][-1], scores)
+        shown = ", ".join(f"{name} {value:.4f}" for name, value in scores.items())
+        log.info("distill epoch %d: loss %.4f eval %s", epoch, curves["total"][-1], shown)
         if best.offer(scores[key]):
             continue
         if options.patience is not None and best.waited >= options.patience:

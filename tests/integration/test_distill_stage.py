@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import re
 from pathlib import Path
 
 import pytest
@@ -95,7 +97,8 @@ def test_distilled_student_keeps_the_teachers_accuracy(tmp_path, teacher):
     assert len(cached) == 2  # train (with hidden states) and eval (logits only)
 
 
-def test_attention_and_projected_mse_terms_train_a_narrower_student(tmp_path, teacher):
+def test_attention_and_projected_mse_terms_train_a_narrower_student(tmp_path, teacher, caplog):
+    caplog.set_level(logging.INFO, logger="compress")
     result = stage(
         tmp_path,
         teacher,
@@ -108,6 +111,12 @@ def test_attention_and_projected_mse_terms_train_a_narrower_student(tmp_path, te
     assert result.metrics["parameters"] < result.metrics["source_parameters"] / 2
     assert curves["attention"][-1] < curves["attention"][0]
     assert curves["hidden"][-1] < curves["hidden"][0]
+    epochs = [r.getMessage() for r in caplog.records if r.getMessage().startswith("distill epoch")]
+    assert len(epochs) == 2
+    # a person reads these: four decimals, not 0.7400000095367432
+    assert all(
+        re.fullmatch(r"distill epoch \d: loss \d+\.\d{4} eval (\w+ \d\.\d{4}(, )?)+", e) for e in epochs
+    )
 
 
 def test_layer_map_out_of_range_is_a_recipe_error(tmp_path, teacher):
