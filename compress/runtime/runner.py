@@ -41,6 +41,8 @@ ARM_PARTS = {
     "0xd49": "Neoverse-N2",
 }
 BENCHMARK_SCHEMA = "compress.device-benchmark/1"
+BUNDLE_SCHEMA = "compress.bundle/1"
+"""Artifact folders have no schema key; a bundle's manifest says this one (additions keep it)."""
 MAX_JSON_BYTES = 16 << 20
 """A bundle's manifest and labels are a few kB; a bigger file is not one compress wrote."""
 MAX_INPUT_BYTES = 1 << 30
@@ -118,6 +120,11 @@ def check_manifest(path: Path, manifest: Any) -> dict[str, Any]:
     fix = "re-create the bundle with compress"
     if not isinstance(manifest, dict):
         raise RunnerError(f"{path}: must be a JSON object; {fix}")
+    schema = manifest.get("schema")
+    if schema is not None and schema != BUNDLE_SCHEMA:
+        raise RunnerError(
+            f"{path}: schema {schema!r} is not {BUNDLE_SCHEMA!r}; use the runner.py inside that bundle"
+        )
     if manifest.get("format") not in ("onnx", "tflite") or not isinstance(manifest.get("files"), list):
         raise RunnerError(f"{path}: needs 'format' (onnx|tflite) and 'files'; {fix}")
     for index, entry in enumerate(manifest["files"]):

@@ -534,6 +534,11 @@ def _runner_input(name: str, content: str) -> Callable[[Workspace], list[str]]:
     return build
 
 
+def _runner_newer_bundle(ws: Workspace, folder: Path) -> None:
+    manifest = json.loads((folder / "manifest.json").read_text())
+    (folder / "manifest.json").write_text(json.dumps({**manifest, "schema": "compress.bundle/2"}))
+
+
 def _runner_corrupt_onnx(ws: Workspace, folder: Path) -> None:
     _corrupt_onnx(folder)
 
@@ -993,6 +998,11 @@ CASES = [
         "runner-input-jsonl-deeply-nested",
         _runner_input("in.jsonl", "[" * 100_000 + "]" * 100_000 + "\n"),
         ("in.jsonl:1", "json object"),
+    ),
+    Case(
+        "runner-bundle-from-a-newer-major-version",
+        _runner(_runner_newer_bundle),
+        ("compress.bundle/2", "the runner.py inside that bundle"),
     ),
     Case("runner-corrupt-tokenizer", _runner(_runner_corrupt_tokenizer), ("tokenizer.json", "cannot load")),
     Case(
