@@ -14,6 +14,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import shutil
 import stat
 import tempfile
@@ -217,6 +218,9 @@ def read_json(
     return value
 
 
+_UNION_TAG = re.compile(r"^(?:[a-z-]+\[.*\]|int|float|str|bool)$")
+
+
 def _short(value: Any) -> str:
     import reprlib
 
@@ -230,6 +234,8 @@ def schema_error_line(path: str | Path, exc: ValidationError, redo: str) -> str:
     err = exc.errors()[0]
     loc = ""
     for part in err["loc"]:
+        if isinstance(part, str) and _UNION_TAG.match(part):
+            continue  # pydantic names the union member it tried (list[int], function-after[...])
         loc += f"[{part}]" if isinstance(part, int) else (f".{part}" if loc else str(part))
     problem = err["msg"].removeprefix("Value error, ")
     problem = "required key missing" if err["type"] == "missing" else problem[:1].lower() + problem[1:]
