@@ -85,7 +85,9 @@ def _measure(
     evals = ctx.split("eval")
     logits = predict_logits(model, encode(tokenizer, evals, ctx.recipe.task.max_length))
     row = {"step": step, **parameter_stats(model), **classification_metrics(logits, evals.labels), **extra}
-    log.info("share %s: %d parameters, accuracy %s", step, row["parameters"], row.get("accuracy"))
+    accuracy = row.get("accuracy")
+    shown = "n/a" if accuracy is None else f"{accuracy:.4f}"
+    log.info("share %s: %s parameters, eval accuracy %s", step, f"{row['parameters']:,}", shown)
     return row
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+import re
+
 import pytest
 import torch
 
@@ -22,7 +25,10 @@ SHARE = """  - type: share
 """
 
 
-def test_share_stage_applies_every_transform_and_saves_each_tensor_once(tmp_path, tiny_bert_dir, reviews):
+def test_share_stage_applies_every_transform_and_saves_each_tensor_once(
+    tmp_path, tiny_bert_dir, reviews, caplog
+):
+    caplog.set_level(logging.INFO, logger="compress")
     recipe = load_recipe(
         write_recipe(
             tmp_path / "r.yaml", teacher=tiny_bert_dir, data=reviews, stages=SHARE.format(recovery="null")
@@ -36,6 +42,9 @@ def test_share_stage_applies_every_transform_and_saves_each_tensor_once(tmp_path
     assert sizes == sorted(sizes, reverse=True) and len(set(sizes)) == 5
     assert all(0 <= s["accuracy"] <= 1 for s in metrics["steps"])
     assert metrics["accuracy_after_tying"] == metrics["steps"][-1]["accuracy"]
+    shown = [r.getMessage() for r in caplog.records if r.getMessage().startswith("share ")]
+    assert len(shown) == 5
+    assert all(re.fullmatch(r"share \w+: [\d,]+ parameters, eval accuracy \d\.\d{4}", line) for line in shown)
     model, tokenizer = load_shared_classifier(stage.dir)
     layers = encoder_layers(model)
     assert layers[0] is layers[1]
