@@ -96,12 +96,16 @@ def run(recipe: Path, overrides: tuple[str, ...], out: Path, fresh: bool) -> Non
 @click.argument("recipe", type=click.Path(path_type=Path))
 @_set_option
 def validate(recipe: Path, overrides: tuple[str, ...]) -> None:
-    """Check RECIPE without running it."""
+    """Check RECIPE without running it: its keys and values, its teacher's config and its local data."""
+    from compress.data import check_local_splits
     from compress.recipe import load_recipe
 
     loaded = load_recipe(recipe, overrides)
+    rows = check_local_splits(loaded)
     stages = " -> ".join(stage.type for stage in loaded.stages)
-    click.echo(f"{recipe}: ok ({loaded.name}: {stages}; targets: {', '.join(loaded.targets) or 'none'})")
+    data = ", ".join(f"{name} {count}" for name, count in rows.items()) or "hub only, not read"
+    targets = ", ".join(loaded.targets) or "none"
+    click.echo(f"{recipe}: ok ({loaded.name}: {stages}; targets: {targets}; rows: {data})")
 
 
 @main.command()

@@ -296,6 +296,19 @@ def load_recipe_split(recipe: Any, name: str) -> Split:
     return load_source(source, recipe.task, base, label_names=train.label_names)
 
 
+def check_local_splits(recipe: Any) -> dict[str, int]:
+    """Read every local data split of a recipe as the run will (columns, labels, text), for validate.
+
+    Hub datasets are skipped (they need the network); the result is the row count per split.
+    """
+    rows = {}
+    for name in ("train", "eval", "test"):
+        source = getattr(recipe.data, name)
+        if source is not None and source.path:
+            rows[name] = len(load_recipe_split(recipe, name))
+    return rows
+
+
 def load_file(
     path: str | Path,
     *,

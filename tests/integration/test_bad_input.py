@@ -1083,6 +1083,11 @@ CASES = [
         _validate(x=("max_length: 16", "max_length: 512")),
         ("task.max_length", "position table (128 tokens", "at most 128"),
     ),
+    Case(
+        "validate-reads-the-data",
+        lambda ws: (ws.data_file("lab.tsv", "sentence\tlabel\nhello\tneutral\n", "eval"), _validate()(ws))[1],
+        ("lab.tsv", "'neutral'", "task.labels"),
+    ),
     Case("validate-target-beyond-teacher", _validate_long_target, ("tiny-board", "256", "target_options")),
     Case("recipe-is-a-fifo", _recipe_fifo, ("r.yaml", "fifo", "save the recipe")),
     Case("recipe-symlink-loop", _recipe_loop, ("r.yaml", "symbolic link loop")),
