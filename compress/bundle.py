@@ -145,9 +145,12 @@ def write_tar(out_file: Path, folder: str, files: dict[str, bytes], mtime: int) 
 
 def make_bundle(run_dir: str | Path, target: str, out_file: str | Path | None = None) -> dict[str, Any]:
     """Pack the run's artifact for ``target`` (default file: RUN/bundles/<run>-<target>.tar.gz)."""
+    from compress.io import require_path
     from compress.targets import load_target
 
-    run_dir = Path(run_dir)
+    run_dir = require_path(run_dir, "point at a run folder (runs/<name>)")
+    if not run_dir.is_dir():
+        raise CompressError(f"{run_dir}: not a folder; point at a run folder (runs/<name>)")
     profile = load_target(target)
     artifact = choose_artifact(run_dir, target)
     folder = f"{run_dir.resolve().name}-{target}"

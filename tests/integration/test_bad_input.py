@@ -1016,6 +1016,11 @@ CASES = [
     Case("bundle-manifest-path-climbs-out", _bundle_dotdot, ("manifest.json", "leaves its folder")),
     Case("bundle-manifest-absolute-path", _bundle_absolute, ("manifest.json", "leaves its folder")),
     Case("bundle-manifest-symlink-out", _bundle_symlink_out, ("notes.txt", "links outside")),
+    Case(
+        "bundle-run-symlink-loop",
+        lambda ws: ["bundle", str(_symlink_loop(ws, "run")), "--target", "arm64-onnx"],
+        ("run", "symbolic link loop"),
+    ),
     Case("bundle-out-is-a-fifo", _bundle_out_fifo, ("b.tar.gz", "fifo", "file path")),
     Case(
         "verify-arm-truncated-bundle",
