@@ -10,6 +10,7 @@ stay inside its folder.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal
@@ -114,9 +115,15 @@ class HFConfig(Open):
     id2label: dict[Annotated[str, Field(pattern=r"^(0|[1-9][0-9]{0,5})$")], StrictStr] | None = None
 
 
+def present(path: Path) -> bool:
+    """Whether anything is at ``path`` (a FIFO, a dangling or looping link too), so that the reader,
+    not an ``is_file()`` test, says what is wrong with it instead of treating it as absent."""
+    return os.path.lexists(path)
+
+
 def read_stage_manifest(folder: Path) -> StageManifest | None:
     path = folder / "manifest.json"
-    return read_model(path, StageManifest, redo=REDO_RUN) if path.is_file() else None
+    return read_model(path, StageManifest, redo=REDO_RUN) if present(path) else None
 
 
 def read_artifact_manifest(folder: Path) -> ArtifactManifest:
@@ -125,7 +132,7 @@ def read_artifact_manifest(folder: Path) -> ArtifactManifest:
 
 def is_artifact_folder(folder: Path) -> bool:
     path = folder / "manifest.json"
-    return path.is_file() and read_model(path, _Kind, redo=REDO_ARTIFACT).kind == "artifact"
+    return present(path) and read_model(path, _Kind, redo=REDO_ARTIFACT).kind == "artifact"
 
 
 def read_labels(path: Path) -> list[str]:
@@ -140,7 +147,7 @@ def read_labels(path: Path) -> list[str]:
 
 def read_run_file(run_dir: Path) -> RunFile:
     path = run_dir / "run.json"
-    if not path.is_file() and not path.is_symlink():
+    if not present(path):
         raise CompressError(
             f"{run_dir}: no run.json, so not a finished run; run `compress run RECIPE` first "
             "or point at one artifact folder"
@@ -183,7 +190,7 @@ def subject_at(path: str | Path, *, teacher: bool = False, name: str | None = No
     if not teacher and is_artifact_folder(folder):
         manifest = read_artifact_manifest(folder)
         labels_file = folder / "labels.json"
-        if not labels_file.exists() and not labels_file.is_symlink():
+        if not present(labels_file):
             raise ModelError(f"{folder}: artifact has no labels.json; re-export it")
         return Subject(
             name or manifest.name or folder.name,
@@ -257,13 +264,13 @@ def run_subjects(run_dir: str | Path, recipe: Any | None = None) -> list[Subject
 def _teacher_load_options(run_dir: Path, recipe: Any | None) -> dict[str, bool]:
     """What the recipe allows when loading its own teacher (pickle weights, remote code)."""
     if recipe is None:  # recorded in run.json by the run; an older run loads with the safe defaults
-        options = read_run_file(run_dir).teacher_load if (run_dir / "run.json").is_file() else {}
+        options = read_run_file(run_dir).teacher_load if present(run_dir / "run.json") else {}
         return {k: options[k] for k in ("allow_pickle", "trust_remote_code") if k in options}
     return recipe.teacher.load_options()
 
 
 def is_run(path: str | Path) -> bool:
-    return (Path(path) / "run.json").is_file()
+    return present(Path(path) / "run.json")
 
 
 def recipe_of_run(run_dir: str | Path) -> Any:
