@@ -179,3 +179,33 @@ def test_byte_order_mark_does_not_hide_the_first_column(tmp_path: Path):
         path = tmp_path / name
         path.write_bytes(b"\xef\xbb\xbf" + text.encode())
         assert list(read_rows(path, name[-3:])[0]) == ["sentence", "label"]
+
+
+@pytest.mark.parametrize(
+    ("config", "limit"),
+    [
+        ({"model_type": "bert", "max_position_embeddings": 512}, 512),
+        ({"model_type": "roberta", "max_position_embeddings": 514}, 512),
+        ({"model_type": "deberta-v2"}, None),
+    ],
+)
+def test_position_limit_from_config_only(tmp_path: Path, config: dict, limit: int | None):
+    from compress.recipe import position_limit
+
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert position_limit(tmp_path / "config.json") == limit
+
+
+def test_worker_turns_a_runtime_parse_error_into_one_model_error(monkeypatch: pytest.MonkeyPatch):
+    """A loader's foreign exception on a damaged file (here a stand-in) is a ModelError, not a crash."""
+    from compress import evaluate_worker
+    from compress.errors import ModelError
+
+    def damaged(*args: object, **kwargs: object) -> None:
+        raise ValueError("Error while deserializing header: HeaderTooLarge\nmore detail")
+
+    monkeypatch.setattr(evaluate_worker, "load_torch", damaged)
+    request = {"kind": "torch", "model": "m", "threads": 1, "max_length": 8}
+    with pytest.raises(ModelError, match="HeaderTooLarge") as caught:
+        evaluate_worker.load_model(request)
+    assert "\n" not in str(caught.value)
