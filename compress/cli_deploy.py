@@ -104,8 +104,10 @@ def verify_arm_cmd(
 ) -> None:
     """Run BUNDLE on emulated arm64 (bookworm under qemu) with each of its interpreters; labels must agree."""
     from compress.arm import verify_arm
-    from compress.io import write_json_atomic
+    from compress.io import check_output_path, write_json_atomic
 
+    if out is not None:
+        check_output_path(out)
     texts, pairs, source = _texts(run_dir, data)
     result = verify_arm(
         bundle, texts, pairs, root_cache=cache, tie_margin=tie_margin, min_agreement=min_agreement

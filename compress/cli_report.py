@@ -40,8 +40,10 @@ def eval_command(
 ) -> None:
     """Evaluate an artifact, checkpoint or run on DATA through each model's own runtime."""
     from compress.evaluate import evaluate_path
-    from compress.io import write_json_atomic
+    from compress.io import check_output_path, write_json_atomic
 
+    if json_out is not None:
+        check_output_path(json_out)
     result = evaluate_path(target, data, text=text, text_pair=text_pair, label=label, teacher=teacher)
     if json_out is not None:
         write_json_atomic(json_out, result)
@@ -72,7 +74,10 @@ def report_command(run: Path, device_results: Path | None) -> None:
 def gate_command(report: Path, baseline: Path | None, junit: Path | None) -> None:
     """Check REPORT against its recipe's gates (and a baseline); exit 1 if any gate fails."""
     from compress.gate import check_report_file, raise_on_failure, write_junit
+    from compress.io import check_output_path
 
+    if junit is not None:
+        check_output_path(junit)
     verdicts = check_report_file(report, baseline)
     if junit is not None:
         write_junit(verdicts, junit)

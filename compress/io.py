@@ -284,6 +284,11 @@ def _output_kind(target: Path) -> str | None:
     )
 
 
+def check_output_path(path: str | Path) -> None:
+    """Refuse an output path that cannot be written (a folder, FIFO, device) before minutes of work."""
+    _output_kind(Path(path))
+
+
 @contextlib.contextmanager
 def _write_through(target: Path) -> Iterator[Path]:
     """For /dev/stdout and /dev/stderr: build the output privately, then copy it into the stream."""

@@ -1099,6 +1099,20 @@ CASES = [
     Case("data-path-is-a-fifo", _data_special(_fifo), ("data.eval.path", "fifo")),
     Case("data-path-symlink-loop", _data_special(_symlink_loop), ("data.eval.path", "symbolic link loop")),
     Case("target-profile-is-a-fifo", _profile_fifo, ("tiny-board.yaml", "fifo")),
+    Case(
+        "eval-json-is-a-folder",
+        lambda ws: [
+            "eval",
+            str(ws.teacher),
+            "--data",
+            str(ws.data["dev"]),
+            "--text",
+            "sentence",
+            "--json",
+            str(ws.root),
+        ],
+        ("is a folder", "give a file path"),
+    ),
     Case("eval-data-is-a-fifo", _eval_data_fifo, ("dev.tsv", "fifo", "save the data to a file")),
 ]
 
