@@ -124,3 +124,95 @@ def aeq_dynamic_int8(float_dir: Path, out_dir: Path) -> Built:
     }
     path = quantized_copy(float_dir, out_dir, "model.tflite", write, quantization)
     return Built(path, time.time() - start, quantization["tool"])
+
+
+def ort_fused_dynamic_int8(teacher_dir: Path, float_dir: Path, out_dir: Path) -> Built:
+    """What an ONNX Runtime expert ships: Optimum's recipe (TorchScript export of eager attention, ORT's
+    transformer optimizer fusing attention, embedding/skip layer norms and bias-GELU, then per-channel
+    dynamic int8), built with onnxruntime's own optimizer and quantizer.
+
+    The dynamo exporter's attention does not match ORT's fusion patterns; the TorchScript exporter with
+    eager attention (what ``optimum-cli export onnx`` runs) does. ``opt_level=0`` applies the portable
+    Python fusions only: the extended graph optimizations that O2 adds are what every ONNX Runtime
+    session applies at load time anyway, on the board's own execution provider.
+    """
+    manifest = read_json(float_dir / "manifest.json")
+    names = [spec["name"] for spec in manifest["inputs"]]
+
+    def write(src: Path, dst: Path) -> None:
+        import tempfile
+
+        import numpy as np
+        import onnx
+        import onnxruntime as ort
+        import torch
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+        from onnxruntime.transformers import optimizer
+        from onnxruntime.transformers.fusion_options import FusionOptions
+
+        from compress.models import load_classifier
+
+        model, _ = load_classifier(teacher_dir)
+        model.set_attn_implementation("eager")
+        config = model.config
+        example = tuple(torch.ones(1, 16, dtype=torch.long) for _ in names)
+        axes = {name: {0: "batch", 1: "sequence"} for name in names}
+        with tempfile.TemporaryDirectory() as tmp:
+            exported, fused = Path(tmp) / "export.onnx", Path(tmp) / "fused.onnx"
+            torch.onnx.export(
+                model,
+                example,
+                str(exported),
+                input_names=names,
+                output_names=["logits"],
+                dynamic_axes={**axes, "logits": {0: "batch"}},
+                opset_version=17,
+                dynamo=False,
+            )
+            optimized = optimizer.optimize_model(
+                str(exported),
+                model_type="bert",
+                num_heads=config.num_attention_heads,
+                hidden_size=config.hidden_size,
+                optimization_options=FusionOptions("bert"),
+                opt_level=0,
+            )
+            fusions = {op: n for op, n in optimized.get_fused_operator_statistics().items() if n}
+            if not fusions.get("Attention"):
+                raise SystemExit(
+                    f"{teacher_dir}: ORT's optimizer fused no attention ({fusions}); the peer would not be O2"
+                )
+            optimized.save_model_to_file(str(fused))
+            # the fused float graph must still compute the teacher (the int8 step after it is the peer's loss)
+            feed = {name: np.ones((2, 24), dtype=np.int64) for name in names}
+            feed["input_ids"] = np.random.default_rng(0).integers(
+                1, config.vocab_size, (2, 24), dtype=np.int64
+            )
+            want = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"]).run(None, feed)[0]
+            got = ort.InferenceSession(str(fused), providers=["CPUExecutionProvider"]).run(None, feed)[0]
+            if not np.allclose(got, want, atol=1e-3, rtol=1e-3):
+                raise SystemExit(
+                    f"{teacher_dir}: the fused graph differs from the export by {abs(got - want).max()}"
+                )
+            # shape inference cannot type the outputs of ORT's contrib ops (Attention, SkipLayerNorm):
+            # tell the quantizer they are float, as Optimum's quantizer does for fused graphs
+            quantize_dynamic(
+                fused,
+                dst,
+                per_channel=True,
+                weight_type=QuantType.QInt8,
+                extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
+            )
+        quantization["fusions"] = fusions
+
+    start = time.time()
+    quantization: dict[str, Any] = {
+        "scheme": "dynamic",
+        "granularity": "per-channel",
+        "calibration": None,
+        "float_layers": [],
+        "tool": "torch.onnx.export(dynamo=False, eager attention) + onnxruntime.transformers.optimizer"
+        ".optimize_model(bert) + quantize_dynamic(per_channel=True, weight_type=QInt8)",
+    }
+    path = quantized_copy(float_dir, out_dir, "model.onnx", write, quantization)
+    return Built(path, time.time() - start, quantization["tool"])

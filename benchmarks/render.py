@@ -22,6 +22,7 @@ def short_label(row: dict[str, Any]) -> str:
     label = row["label"]
     for long, short in (
         ("teacher, ORT dynamic int8", "ORT dyn int8"),
+        ("teacher, ORT optimizer (O2 fusions) + dynamic int8", "ORT O2+dyn int8"),
         ("teacher, ai-edge-quantizer dynamic int8", "AEQ dyn int8"),
         ("teacher, neural-compressor PT2E static int8", "INC int8"),
         (" + share", "+sh"),

@@ -165,13 +165,16 @@ def recipe_overrides(
 def peer_rows(
     task: Task, dev: Any, fit: Any, settings: Any, peaks: dict[str, float], work: Path, calibration_rows: int
 ) -> list[dict[str, Any]]:
-    """Build the teacher's float exports and the three int8 one-liners, then measure them all."""
+    """The teacher's float exports, the int8 one-liners and the fused ORT expert path, all measured."""
     from compress.evaluate import evaluate_subject
     from compress.subjects import subject_at
 
     pairs = fit.pairs[:32] if fit.pairs else None
     models = peers.export_teacher(task.teacher, work, TARGETS, fit.texts[:32], pairs)
     models["onnx-int8"] = peers.ort_dynamic_int8(models["onnx"].path, work / "teacher-onnx-int8-ort")
+    models["onnx-int8-fused"] = peers.ort_fused_dynamic_int8(
+        task.teacher, models["onnx"].path, work / "teacher-onnx-int8-ort-fused"
+    )
     models["tflite-int8"] = peers.aeq_dynamic_int8(models["tflite"].path, work / "teacher-tflite-int8-aeq")
     calib = sorted(random.Random(0).sample(range(len(fit)), min(calibration_rows, len(fit))))
     nc = torch_int8.nc_static_int8(
@@ -188,6 +191,7 @@ def peer_rows(
         "onnx": "teacher",
         "tflite": "teacher",
         "onnx-int8": "teacher, ORT dynamic int8",
+        "onnx-int8-fused": "teacher, ORT optimizer (O2 fusions) + dynamic int8",
         "tflite-int8": "teacher, ai-edge-quantizer dynamic int8",
     }
     for key, built in models.items():

@@ -317,3 +317,32 @@ def test_results_carry_paths_relative_to_the_repository_and_shared():
     assert out["command"] == "python benchmarks/suite.py --shared ../shared --out benchmarks/results"
     assert out["other"] == "/opt/elsewhere/file"
     assert str(suite.REPO) not in json.dumps(out)
+
+
+def test_fused_ort_peer_fuses_attention_and_computes_the_teacher(tmp_path, tiny_bert_dir):
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+
+    from benchmarks import peers
+    from compress.export.onnx import export_onnx
+    from compress.models import load_classifier
+    from compress.targets import load_target
+
+    model, tokenizer = load_classifier(tiny_bert_dir)
+    export_onnx(model, tokenizer, tmp_path / "fp32", load_target("arm64-onnx"), name="fp32")
+    built = peers.ort_fused_dynamic_int8(tiny_bert_dir, tmp_path / "fp32", tmp_path / "fused")
+    manifest = json.loads((built.path / "manifest.json").read_text())
+    assert manifest["precision"] == "int8" and manifest["quantization"]["fusions"]["Attention"] == 2
+    ops = {n.op_type for n in onnx.load(str(built.path / "model.onnx")).graph.node}
+    assert {"QAttention", "MatMulInteger"} <= ops
+    # same inputs as the float artifact, right-padded rows included, and close to its logits
+    rng = np.random.default_rng(1)
+    feed = {i["name"]: np.zeros((3, 12), dtype=np.int64) for i in manifest["inputs"]}
+    feed["input_ids"] = rng.integers(5, 90, (3, 12), dtype=np.int64)
+    feed["attention_mask"] = (np.arange(12)[None, :] < np.array([[12], [7], [3]])).astype(np.int64)
+    run = {
+        name: ort.InferenceSession(str(tmp_path / name / "model.onnx")).run(None, feed)[0]
+        for name in ("fp32", "fused")
+    }
+    assert np.abs(run["fused"] - run["fp32"]).max() < 0.05
