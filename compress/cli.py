@@ -118,7 +118,7 @@ def schema() -> None:
 
 @main.command()
 def targets() -> None:
-    """List the device profiles in targets/."""
+    """List the target profiles: the stock ones (compress/profiles/) or those in $COMPRESS_TARGETS."""
     from compress.targets import available_targets, load_target
 
     for name in available_targets():
