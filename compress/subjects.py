@@ -96,6 +96,7 @@ class FileEntry(Open):
 class ArtifactManifest(Open):
     """An artifact folder's manifest.json: the model file's format and every file with its sha256."""
 
+    schema_: StrictStr | None = Field(None, alias="schema")
     kind: Literal["artifact"]
     name: StrictStr | None = None
     format: Literal["onnx", "tflite"]
@@ -103,6 +104,11 @@ class ArtifactManifest(Open):
     precision: StrictStr = "fp32"
     max_length: Annotated[int, Field(gt=0)]
     files: list[FileEntry]
+
+    @field_validator("schema_")
+    @classmethod
+    def _version(cls, value: str | None) -> str | None:
+        return _schema_version(value, "compress.artifact")
 
 
 class _Kind(Open):

@@ -15,6 +15,9 @@ from compress.models import label_names_of
 
 MODEL_FILES = {"onnx": "model.onnx", "tflite": "model.tflite"}
 
+ARTIFACT_SCHEMA = "compress.artifact/1"
+"""Version of an artifact folder's manifest.json; keys added later keep it, a change of meaning bumps it."""
+
 
 def write_tokenizer(tokenizer: Any, folder: Path) -> None:
     """Save the fast tokenizer as one ``tokenizer.json`` (the runner needs only the tokenizers package)."""
@@ -61,6 +64,7 @@ def finish_artifact(
     write_tokenizer(tokenizer, folder)
     write_json_atomic(folder / "labels.json", label_names_of(model))
     manifest = {
+        "schema": ARTIFACT_SCHEMA,
         "kind": "artifact",
         "name": name,
         "format": fmt,
