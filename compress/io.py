@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 import stat
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,14 +35,23 @@ MAX_JSON_BYTES = 256 << 20
 """Larger than any report or manifest compress writes; a bigger file is not one of ours."""
 MAX_JSON_DEPTH = 64
 """compress nests its JSON at most ~8 levels; deeper documents only exhaust the stack."""
-WRITE_THROUGH = ("/dev/stdout", "/dev/stderr", "/dev/fd/", "/proc/self/fd/")
+STREAM_NAME = re.compile(r"/dev/(?:(stdout)|(stderr)|fd/(\d+))|/proc/self/fd/(\d+)")
 """Outputs written in place, whatever they point at (a terminal, a pipe, or the file of a shell's
-``>``): the user asked for the stream, and replacing the name would swap out /dev/stdout itself."""
+``>``): the user asked for the stream, and replacing the name would swap out /dev/stdout itself.
+Matched exactly: ``/dev/fd/../../etc/x`` is a path like any other."""
+
+
+def stream_descriptor(path: Path) -> int | None:
+    """The descriptor a stream name stands for (1, 2 or N), or None for any other path."""
+    match = STREAM_NAME.fullmatch(str(path))
+    if match is None:
+        return None
+    stdout, stderr, fd, proc_fd = match.groups()
+    return 1 if stdout else 2 if stderr else int(fd or proc_fd)
 
 
 def is_stream_name(path: Path) -> bool:
-    text = str(path)
-    return any(text == name or (name.endswith("/") and text.startswith(name)) for name in WRITE_THROUGH)
+    return stream_descriptor(path) is not None
 
 
 def _umask() -> int:
@@ -296,8 +306,12 @@ def _write_through(target: Path) -> Iterator[Path]:
     try:
         tmp = folder / target.name
         yield tmp
+        # through the process's own descriptor, not a new open of the name: reopening a shell's
+        # `> file` would truncate it and write from byte 0 under the lines printed after it
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
         try:
-            with open(tmp, "rb") as source, open(target, "wb") as sink:
+            with open(tmp, "rb") as source, os.fdopen(os.dup(stream_descriptor(target)), "wb") as sink:
                 shutil.copyfileobj(source, sink)
         except OSError as exc:
             _raise_os_error(target, exc)

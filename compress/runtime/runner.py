@@ -18,6 +18,7 @@ import importlib
 import json
 import os
 import platform
+import re
 import stat
 import sys
 import time
@@ -42,12 +43,14 @@ ARM_PARTS = {
 }
 BENCHMARK_SCHEMA = "compress.device-benchmark/1"
 BUNDLE_SCHEMA = "compress.bundle/1"
-"""Artifact folders have no schema key; a bundle's manifest says this one (additions keep it)."""
+ARTIFACT_SCHEMA = "compress.artifact/1"
+"""A bundle's manifest says the first, an artifact folder's the second (older artifact folders have no
+schema key); keys added later keep the version."""
 MAX_JSON_BYTES = 16 << 20
 """A bundle's manifest and labels are a few kB; a bigger file is not one compress wrote."""
 MAX_INPUT_BYTES = 1 << 30
 MAX_DEPTH = 32
-WRITE_THROUGH = ("/dev/stdout", "/dev/stderr", "/dev/fd/", "/proc/self/fd/")
+STREAM_NAME = re.compile(r"/dev/(?:(stdout)|(stderr)|fd/(\d+))|/proc/self/fd/(\d+)")
 """Written in place whatever they point at (terminal, pipe, a shell's > file): never replaced."""
 
 
@@ -121,9 +124,10 @@ def check_manifest(path: Path, manifest: Any) -> dict[str, Any]:
     if not isinstance(manifest, dict):
         raise RunnerError(f"{path}: must be a JSON object; {fix}")
     schema = manifest.get("schema")
-    if schema is not None and schema != BUNDLE_SCHEMA:
+    if schema is not None and schema not in (BUNDLE_SCHEMA, ARTIFACT_SCHEMA):
         raise RunnerError(
-            f"{path}: schema {schema!r} is not {BUNDLE_SCHEMA!r}; use the runner.py inside that bundle"
+            f"{path}: schema {schema!r} is not {BUNDLE_SCHEMA!r} or {ARTIFACT_SCHEMA!r}; "
+            "use the runner.py inside that bundle or the compress that wrote the artifact"
         )
     if manifest.get("format") not in ("onnx", "tflite") or not isinstance(manifest.get("files"), list):
         raise RunnerError(f"{path}: needs 'format' (onnx|tflite) and 'files'; {fix}")
@@ -575,11 +579,19 @@ def split_line(line: str, suffix: str, where: str) -> tuple[Any, Any]:
     return line, None
 
 
+def stream_descriptor(path: Path) -> int | None:
+    """The descriptor /dev/stdout, /dev/stderr, /dev/fd/N or /proc/self/fd/N stands for; None otherwise."""
+    match = STREAM_NAME.fullmatch(str(path))
+    if match is None:
+        return None
+    stdout, stderr, fd, proc_fd = match.groups()
+    return 1 if stdout else 2 if stderr else int(fd or proc_fd)
+
+
 def output_is_stream(path: Path) -> bool:
     """True for /dev/stdout or /dev/stderr (written in place); a regular file or nothing is replaced
     atomically; anything else (a folder, FIFO or device such as /dev/null) is refused, never replaced."""
-    text = str(path)
-    if any(text == name or (name.endswith("/") and text.startswith(name)) for name in WRITE_THROUGH):
+    if stream_descriptor(path) is not None:
         return True
     try:
         mode = os.stat(path).st_mode
@@ -595,8 +607,15 @@ def output_is_stream(path: Path) -> bool:
 
 def write_text_atomic(path: Path, text: str) -> None:
     if output_is_stream(path):
-        with open(path, "w", encoding="utf-8") as stream:
-            stream.write(text)
+        # the process's own descriptor, not a new open of the name (which would truncate a shell's
+        # `> file` and write from byte 0 under the lines printed after it)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            with os.fdopen(os.dup(stream_descriptor(path)), "w", encoding="utf-8") as stream:
+                stream.write(text)
+        except OSError as exc:
+            raise RunnerError(f"{path}: cannot write ({exc.strerror})") from None
         return
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:

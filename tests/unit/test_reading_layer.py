@@ -120,26 +120,48 @@ def test_atomic_write_replaces_a_regular_file(tmp_path: Path):
     assert path.read_text() == "new"
 
 
-@pytest.mark.parametrize("redirect", ["pipe", "file"])
-def test_dev_stdout_is_written_through(tmp_path: Path, redirect: str):
-    """``--json /dev/stdout``: the user wants the stream (a pipe, or a file after the shell's ``>``);
-    it is written into, and /dev/stdout itself is never replaced."""
-    code = "from compress.io import write_json_atomic; write_json_atomic('/dev/stdout', {'ok': 1})"
+@pytest.mark.parametrize("redirect", ["pipe", "file", "append"])
+@pytest.mark.parametrize(
+    "write",
+    [
+        "from compress.io import write_json_atomic; write_json_atomic('/dev/stdout', {'ok': 1})",
+        "from pathlib import Path; from compress.runtime import runner; "
+        "runner.write_text_atomic(Path('/dev/stdout'), '{\"ok\": 1}\\n')",
+    ],
+    ids=["compress", "runner"],
+)
+def test_dev_stdout_is_written_through(tmp_path: Path, redirect: str, write: str):
+    """``--json /dev/stdout``: the user wants the stream (a pipe, or a file after the shell's ``>`` or
+    ``>>``); it is written into at the stream's own position, so lines printed before and after stay
+    in order and nothing already in an appended file is lost; /dev/stdout itself is never replaced."""
+    code = f"print('before', flush=True); {write}; print('after')"
     folder = tmp_path / "cwd"
     folder.mkdir()
+    kept = "old\n" if redirect == "append" else ""
     if redirect == "pipe":
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=folder)
         written = done.stdout
     else:
-        with open(tmp_path / "out.json", "w") as sink:
+        (tmp_path / "out.json").write_text("old\n")
+        with open(tmp_path / "out.json", "a" if redirect == "append" else "w") as sink:
             done = subprocess.run(
                 [sys.executable, "-c", code], stdout=sink, stderr=subprocess.PIPE, text=True, cwd=folder
             )
         written = (tmp_path / "out.json").read_text()
     assert done.returncode == 0, done.stderr
-    assert json.loads(written) == {"ok": 1}
+    assert written.startswith(kept + "before\n") and written.endswith("\nafter\n")
+    assert json.loads(written[len(kept + "before\n") : -len("after\n")]) == {"ok": 1}
     assert list(folder.iterdir()) == []
     assert Path("/dev/stdout").is_symlink()
+
+
+def test_only_exact_stream_names_are_written_through():
+    from compress.io import is_stream_name
+
+    for name in ("/dev/stdout", "/dev/stderr", "/dev/fd/1", "/proc/self/fd/7"):
+        assert is_stream_name(Path(name)) and runner.stream_descriptor(Path(name)) is not None
+    for name in ("/dev/fd/../../etc/passwd", "/dev/fd/1/x", "/dev/stdout2", "/proc/self/fd/../x", "/dev/sda"):
+        assert not is_stream_name(Path(name)) and runner.stream_descriptor(Path(name)) is None
 
 
 def test_runner_output_rules(tmp_path: Path):
@@ -209,3 +231,26 @@ def test_worker_turns_a_runtime_parse_error_into_one_model_error(monkeypatch: py
     with pytest.raises(ModelError, match="HeaderTooLarge") as caught:
         evaluate_worker.load_model(request)
     assert "\n" not in str(caught.value)
+
+
+def test_artifact_manifests_carry_a_schema_version_that_both_readers_check(tmp_path: Path):
+    from compress.export.artifact import ARTIFACT_SCHEMA
+    from compress.subjects import read_artifact_manifest
+
+    assert ARTIFACT_SCHEMA == runner.ARTIFACT_SCHEMA
+    manifest = {
+        "kind": "artifact",
+        "format": "onnx",
+        "max_length": 16,
+        "files": [{"path": "model.onnx", "sha256": "0" * 64}],
+        "added_later": {"kept": True},
+    }
+    for schema in (None, ARTIFACT_SCHEMA):  # older folders have none; additions keep the version
+        (tmp_path / "manifest.json").write_text(json.dumps({**manifest, "schema": schema}))
+        assert read_artifact_manifest(tmp_path).format == "onnx"
+        assert runner.read_manifest(tmp_path)["format"] == "onnx"
+    (tmp_path / "manifest.json").write_text(json.dumps({**manifest, "schema": "compress.artifact/2"}))
+    with pytest.raises(BadFile, match=r"compress\.artifact/2"):
+        read_artifact_manifest(tmp_path)
+    with pytest.raises(runner.RunnerError, match=r"compress\.artifact/2"):
+        runner.read_manifest(tmp_path)
