@@ -21,6 +21,7 @@ from typing import Any
 
 from compress.errors import CompressError
 from compress.io import atomic_path, sha256_file
+from compress.model_card import model_card
 from compress.subjects import REDO_ARTIFACT, read_artifact_manifest, read_labels
 
 log = logging.getLogger(__name__)
@@ -91,8 +92,12 @@ def readme_text(manifest: dict[str, Any], labels: list[str], bundle_name: str) -
     )
 
 
-def bundle_files(artifact: Path, target_threads: int, bundle_name: str) -> dict[str, bytes]:
-    """Every file of the bundle by name, the artifact's own files checked against its manifest first."""
+def bundle_files(
+    artifact: Path, target_threads: int, bundle_name: str, report: dict[str, Any] | None = None
+) -> dict[str, bytes]:
+    """Every file of the bundle by name, the artifact's own files checked against its manifest first.
+
+    ``report`` (the run's report.json) gives the model card its measured numbers."""
     checked = read_artifact_manifest(artifact)
     source = checked.model_dump(by_alias=True)
     files: dict[str, bytes] = {}
@@ -118,7 +123,11 @@ def bundle_files(artifact: Path, target_threads: int, bundle_name: str) -> dict[
     files["runner.py"] = RUNNER.read_bytes()
     for name, lines in requirement_lines(manifest["format"]).items():
         files[name] = ("\n".join(lines) + "\n").encode()
-    files["README.txt"] = readme_text(manifest, read_labels(artifact / "labels.json"), bundle_name).encode()
+    labels = read_labels(artifact / "labels.json")
+    files["README.txt"] = readme_text(manifest, labels, bundle_name).encode()
+    model_sha = next(e.sha256 for e in checked.files if e.path == f"model.{checked.format}")
+    card_source = {**manifest, "source": {**(source.get("source") or {}), "check": source.get("check")}}
+    files["README.md"] = model_card(card_source, labels, report, model_sha, bundle_name).encode()
     manifest["files"] = [
         {"path": name, "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
         for name, data in sorted(files.items())
@@ -146,6 +155,7 @@ def write_tar(out_file: Path, folder: str, files: dict[str, bytes], mtime: int) 
 def make_bundle(run_dir: str | Path, target: str, out_file: str | Path | None = None) -> dict[str, Any]:
     """Pack the run's artifact for ``target`` (default file: RUN/bundles/<run>-<target>.tar.gz)."""
     from compress.io import require_path
+    from compress.report import load_report
     from compress.targets import load_target
 
     run_dir = require_path(run_dir, "point at a run folder (runs/<name>)")
@@ -155,7 +165,9 @@ def make_bundle(run_dir: str | Path, target: str, out_file: str | Path | None = 
     artifact = choose_artifact(run_dir, target)
     folder = f"{run_dir.resolve().name}-{target}"
     out = Path(out_file) if out_file else run_dir / "bundles" / f"{folder}.tar.gz"
-    files = bundle_files(artifact, profile.threads, f"{folder}.tar.gz")
+    report_file = run_dir / "report.json"
+    report = load_report(report_file) if report_file.exists() else None
+    files = bundle_files(artifact, profile.threads, f"{folder}.tar.gz", report)
     manifest = read_artifact_manifest(artifact)
     write_tar(out, folder, files, int((artifact / f"model.{manifest.format}").stat().st_mtime))
     return {

@@ -86,6 +86,7 @@ def test_bundle_holds_exactly_what_the_device_needs(artifacts, tiny_bert_dir, tm
     folder = unpack(tmp_path / "b.tar.gz", tmp_path / "unpacked")
     names = {p.name for p in folder.iterdir()}
     expected = {f"model.{fmt}", "tokenizer.json", "labels.json", "runner.py", "manifest.json", "README.txt"}
+    expected |= {"README.md"}
     expected |= {"requirements.txt"} | ({"requirements-tflite-runtime.txt"} if fmt == "tflite" else set())
     assert names == expected
     manifest = read_json(folder / "manifest.json")
@@ -191,3 +192,66 @@ def test_bundle_command_reports_the_size(artifacts, tiny_bert_dir, tmp_path, tar
     first = result.output.splitlines()[0]
     assert first.startswith(f"{out}: ") and "onnx fp32, for tiny-board)" in first
     assert "model.onnx" in result.output
+
+
+def _card(folder: Path) -> tuple[dict, str]:
+    import yaml
+
+    text = (folder / "README.md").read_text()
+    assert text.startswith("---\n")
+    header, body = text[4:].split("\n---\n", 1)
+    return yaml.safe_load(header), body
+
+
+def test_bundle_carries_a_model_card_with_the_reports_numbers_for_this_model(
+    artifacts, tiny_bert_dir, tmp_path, target
+):
+    run = fake_run(tmp_path / "run", tiny_bert_dir, artifacts, "onnx")
+    name = read_json(run / "02-export" / "onnx-fp32" / "manifest.json")["name"]
+    sha = next(
+        f["sha256"] for f in file_entries(run / "02-export" / "onnx-fp32") if f["path"] == "model.onnx"
+    )
+    entry = {
+        "name": name,
+        "role": "artifact",
+        "format": "onnx",
+        "bytes": 2_500_000,
+        "sha256": sha,
+        "metrics": {"accuracy": 0.8125, "agreement": 0.9375, "latency_ms": {"p50": 1.25}},
+    }
+    teacher = {
+        "name": "teacher",
+        "role": "teacher",
+        "format": "torch",
+        "precision": "fp32",
+        "bytes": 9_000_000,
+        "metrics": {"accuracy": 0.875, "latency_ms": {"p50": 4.5}},
+    }
+    report = {
+        "schema": "compress.report/1",
+        "artifacts": [entry],
+        "teacher": teacher,
+        "split": "test",
+        "data": {"source": "data/reviews.tsv", "rows": 16},
+        "host": {"machine": "x86_64", "cpus": 2},
+    }
+    write_json_atomic(run / "report.json", report)
+    folder = unpack(Path(make_bundle(run, target("onnx"), tmp_path / "b.tar.gz")["path"]), tmp_path / "u")
+    meta, body = _card(folder)
+    assert meta["pipeline_tag"] == "text-classification" and meta["labels"] == read_json(
+        folder / "labels.json"
+    )
+    assert meta["datasets"] == ["reviews.tsv"]
+    metrics = meta["model-index"][0]["results"][0]["metrics"]
+    assert {"type": "accuracy", "value": 0.8125} in metrics and {
+        "type": "agreement",
+        "value": 0.9375,
+    } in metrics
+    assert "| this model | 81.25 | 93.75 | 1.25 | 2.5 |" in body and "| 87.50 | 100.00 | 4.50 | 9.0 |" in body
+    assert "runner.py predict" in body
+    # numbers measured on another file never reach the card
+    entry["sha256"] = "0" * 64
+    write_json_atomic(run / "report.json", report)
+    folder = unpack(Path(make_bundle(run, target("onnx"), tmp_path / "c.tar.gz")["path"]), tmp_path / "v")
+    meta, body = _card(folder)
+    assert "model-index" not in meta and "81.25" not in body and "No report of the run measured" in body

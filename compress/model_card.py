@@ -1,0 +1,139 @@
+"""A model card for a deploy bundle, in the Hugging Face format: YAML metadata, then what a reader needs.
+
+The card says what the artifact is (format, precision, target, labels, the longest input), how to run
+it with the bundle's own runner, and what it was checked against: the numbers come from the run's
+report (accuracy, agreement with the teacher, latency and bytes, beside the teacher's own), and only
+when the report measured this very model file (same sha256). Without a matching report the card says
+so instead of quoting numbers that belong to another file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+def report_entry(report: dict[str, Any] | None, name: str, model_sha256: str) -> dict[str, Any] | None:
+    """The report's entry for this artifact, if the report measured this exact model file."""
+    if not report:
+        return None
+    for entry in report.get("artifacts") or []:
+        if entry.get("name") == name and entry.get("sha256") == model_sha256:
+            return entry
+    return None
+
+
+def _pct(value: Any) -> str:
+    return "n/a" if not isinstance(value, int | float) else f"{100 * value:.2f}"
+
+
+def _ms(metrics: dict[str, Any]) -> str:
+    p50 = (metrics.get("latency_ms") or {}).get("p50")
+    return "n/a" if not isinstance(p50, int | float) else f"{p50:.2f}"
+
+
+def metadata(manifest: dict[str, Any], labels: list[str], entry: dict[str, Any] | None, report: Any) -> dict:
+    """The card's YAML header: the keys the Hugging Face Hub reads (pipeline_tag, tags, base_model,
+    license, datasets, model-index with the measured metrics)."""
+    source = (manifest.get("source") or {}).get("checkpoint")
+    meta: dict[str, Any] = {
+        "pipeline_tag": "text-classification",
+        "library_name": "onnxruntime" if manifest["format"] == "onnx" else "litert",
+        "license": "unknown",
+        "tags": ["compress", manifest["format"], str(manifest.get("precision")), str(manifest.get("target"))],
+    }
+    if source:
+        meta["base_model"] = Path(str(source)).name
+    data = (report or {}).get("data") or {}
+    if data.get("source"):
+        meta["datasets"] = [Path(str(data["source"])).name]
+    if entry is not None:
+        metrics = entry.get("metrics") or {}
+        results = [
+            {"type": key, "value": round(float(metrics[key]), 4)}
+            for key in ("accuracy", "f1", "agreement")
+            if isinstance(metrics.get(key), int | float)
+        ]
+        meta["model-index"] = [
+            {
+                "name": str(manifest.get("name")),
+                "results": [
+                    {
+                        "task": {"type": "text-classification"},
+                        "dataset": {"name": meta.get("datasets", ["eval split"])[0], "type": "local"},
+                        "metrics": results,
+                    }
+                ],
+            }
+        ]
+    meta["labels"] = list(labels)
+    return meta
+
+
+def model_card(
+    manifest: dict[str, Any],
+    labels: list[str],
+    report: dict[str, Any] | None,
+    model_sha256: str,
+    bundle_name: str,
+) -> str:
+    """README.md of a bundle: YAML metadata between ``---`` lines, then the card in Markdown."""
+    name = str(manifest.get("name"))
+    entry = report_entry(report, name, model_sha256)
+    meta = metadata(manifest, labels, entry, report)
+    pair = bool((manifest.get("task") or {}).get("text_pair"))
+    check = (manifest.get("source") or {}).get("check") or {}
+    lines = [
+        "---",
+        yaml.safe_dump(meta, sort_keys=False, allow_unicode=True).rstrip(),
+        "---",
+        "",
+        f"# {name}",
+        "",
+        f"A {manifest.get('precision')} {manifest['format'].upper()} text classifier for "
+        f"`{manifest.get('target')}`, made by compress from "
+        f"`{meta.get('base_model', 'its teacher')}`. Labels: {', '.join(labels)}. "
+        f"{'Inputs are sentence pairs. ' if pair else ''}"
+        f"Texts longer than {manifest.get('max_length')} tokens are truncated.",
+        "",
+        "## How to run it",
+        "",
+        "```bash",
+        f"tar xzf {bundle_name} && cd {bundle_name.removesuffix('.tar.gz')}",
+        "pip install -r requirements.txt",
+        'python3 runner.py predict "some text"' + (' --pair "another text"' if pair else ""),
+        "```",
+        "",
+        "`runner.py` checks the sha256 of every file listed in `manifest.json` before it loads the model.",
+        "",
+        "## What it was checked against",
+        "",
+    ]
+    if check:
+        lines += [f"At export, against the PyTorch model it was made from: `{check}`.", ""]
+    if entry is None:
+        lines.append(
+            "No report of the run measured this model file; run `compress report RUN` and bundle again "
+            "for accuracy, agreement, latency and bytes beside the teacher."
+        )
+    else:
+        teacher = (report or {}).get("teacher") or {}
+        tm, em = teacher.get("metrics") or {}, entry.get("metrics") or {}
+        host = (report or {}).get("host") or {}
+        lines += [
+            f"On the run's `{(report or {}).get('split', 'eval')}` split "
+            f"({((report or {}).get('data') or {}).get('rows', '?')} rows), measured on the build host "
+            f"({host.get('machine', '?')}, {host.get('cpus', '?')} CPUs), batch 1:",
+            "",
+            "| model | accuracy % | agreement with the teacher % | p50 ms | MB |",
+            "|---|---|---|---|---|",
+            f"| teacher ({teacher.get('format', '?')} {teacher.get('precision', '')}) "
+            f"| {_pct(tm.get('accuracy'))} | 100.00 | {_ms(tm)} | {teacher.get('bytes', 0) / 1e6:.1f} |",
+            f"| this model | {_pct(em.get('accuracy'))} | {_pct(em.get('agreement'))} | {_ms(em)} "
+            f"| {entry.get('bytes', 0) / 1e6:.1f} |",
+            "",
+            "Latency on the device differs: `python3 runner.py benchmark --out device.json` measures it.",
+        ]
+    return "\n".join(lines) + "\n"
