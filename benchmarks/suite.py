@@ -375,7 +375,8 @@ def main(argv: list[str] | None = None) -> int:
         "suite_cpu_s": round(cpu_seconds(), 1),
     }
     # deepest root first, so a ../shared inside the repository is not caught by the repository's own root
-    roots = sorted({REPO, *([args.shared.resolve()] if args.shared else [])}, key=lambda r: -len(r.parts))
+    shared = [Path(os.path.abspath(args.shared)), args.shared.resolve()] if args.shared else []
+    roots = sorted({REPO, *shared}, key=lambda r: -len(r.parts))
     results = portable(results, roots)
     render.write_all(results, args.out)
     log.info("done in %.1f min: %s", results["suite_wall_s"] / 60, args.out)

@@ -58,13 +58,19 @@ class StageEntry(Open):
     dir: Annotated[StrictStr, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
 
 
+class TeacherLoad(Open):
+    allow_pickle: StrictBool | None = None
+    trust_remote_code: StrictBool | None = None
+
+
 class RunFile(Open):
     """run.json: which stage folders belong to the run and where its teacher and recipe are."""
 
     schema_: StrictStr | None = Field(None, alias="schema")
     recipe_file: StrictStr = ""
     teacher_dir: StrictStr | None = None
-    teacher_load: dict[str, StrictBool] = Field(default_factory=dict)
+    teacher_load: TeacherLoad = Field(default_factory=lambda: TeacherLoad())
+    """Loader flags; the two that weaken safety must be booleans, flags a newer compress adds are kept."""
     stages: list[StageEntry]
 
     @field_validator("schema_")
@@ -270,8 +276,11 @@ def run_subjects(run_dir: str | Path, recipe: Any | None = None) -> list[Subject
 def _teacher_load_options(run_dir: Path, recipe: Any | None) -> dict[str, bool]:
     """What the recipe allows when loading its own teacher (pickle weights, remote code)."""
     if recipe is None:  # recorded in run.json by the run; an older run loads with the safe defaults
-        options = read_run_file(run_dir).teacher_load if present(run_dir / "run.json") else {}
-        return {k: options[k] for k in ("allow_pickle", "trust_remote_code") if k in options}
+        if not present(run_dir / "run.json"):
+            return {}
+        options = read_run_file(run_dir).teacher_load
+        flags = {"allow_pickle": options.allow_pickle, "trust_remote_code": options.trust_remote_code}
+        return {k: v for k, v in flags.items() if v is not None}
     return recipe.teacher.load_options()
 
 

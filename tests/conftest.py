@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -26,6 +27,18 @@ def _offline_and_clean(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     yield
     littered = {p.name for p in REPO.iterdir()} - before
     assert not littered, f"test wrote into the repository: {sorted(littered)}"
+
+
+@pytest.fixture(autouse=True)
+def _compress_logger_restored():
+    """`compress.cli.main` gives the "compress" logger its own stderr handler and stops propagation;
+    put it back after each test, so a later test's caplog sees compress's records whatever ran first."""
+    ours = logging.getLogger("compress")
+    saved = (list(ours.handlers), ours.level, ours.propagate)
+    yield
+    ours.handlers[:] = saved[0]
+    ours.setLevel(saved[1])
+    ours.propagate = saved[2]
 
 
 @pytest.fixture(scope="session")

@@ -254,3 +254,15 @@ def test_artifact_manifests_carry_a_schema_version_that_both_readers_check(tmp_p
         read_artifact_manifest(tmp_path)
     with pytest.raises(runner.RunnerError, match=r"compress\.artifact/2"):
         runner.read_manifest(tmp_path)
+
+
+def test_run_file_keeps_newer_loader_flags_but_only_booleans_weaken_safety(tmp_path: Path):
+    from compress.subjects import _teacher_load_options
+
+    run = {"recipe_file": "r.yaml", "stages": [], "teacher_load": {"allow_pickle": True, "cache": "v2"}}
+    (tmp_path / "run.json").write_text(json.dumps(run))
+    assert _teacher_load_options(tmp_path, None) == {"allow_pickle": True}
+    run["teacher_load"] = {"trust_remote_code": "yes"}
+    (tmp_path / "run.json").write_text(json.dumps(run))
+    with pytest.raises(BadFile, match="trust_remote_code"):
+        _teacher_load_options(tmp_path, None)
