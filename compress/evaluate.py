@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
@@ -61,6 +62,27 @@ def threads_for(profile: TargetProfile | None, settings: Settings) -> int:
     return max(1, min(wanted, os.cpu_count() or 1))
 
 
+def killed_line(fmt: str, number: int) -> str:
+    """Why an evaluation worker died of a signal, and what to do: a crash inside a native runtime
+    (SIGSEGV, SIGBUS, SIGABRT, SIGILL) is typically a damaged model file; SIGKILL is most often the
+    kernel's out-of-memory killer; SIGINT/SIGTERM mean someone stopped it."""
+    try:
+        name = signal.Signals(number).name
+    except ValueError:
+        name = f"signal {number}"
+    if name == "SIGKILL":
+        return (
+            f"the evaluation worker was killed ({name}), most often by the out-of-memory killer; "
+            "free memory or lower evaluate.throughput_batch, then run again"
+        )
+    if name in ("SIGINT", "SIGTERM", "SIGHUP"):
+        return f"the evaluation worker was stopped ({name}); run the command again to finish it"
+    return (
+        f"the {fmt} runtime crashed ({name}) loading or running it; the model file may be damaged: "
+        "export it again"
+    )
+
+
 def _worker_env(threads: int) -> dict[str, str]:
     root = str(Path(__file__).resolve().parent.parent)
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS=str(threads))
@@ -98,11 +120,8 @@ def run_worker(
         if proc.returncode != 0:
             if isinstance(result, dict) and isinstance(result.get("error"), str):
                 raise CompressError(f"{subject.path}: {result['error']}")
-            if proc.returncode < 0:  # a native runtime killed by a signal, typically on a damaged model
-                raise CompressError(
-                    f"{subject.path}: the {subject.format} runtime crashed (signal {-proc.returncode}) "
-                    "loading or running it; the model file may be damaged: export it again"
-                )
+            if proc.returncode < 0:
+                raise CompressError(f"{subject.path}: {killed_line(subject.format, -proc.returncode)}")
             raise RuntimeError(f"evaluating {subject.path} failed:\n{proc.stderr[-4000:]}")
         return np.load(f"{tmp}/logits.npy"), result
 

@@ -145,8 +145,8 @@ def load_model(request: dict[str, Any]) -> tuple[Predict, dict[str, Any]]:
                 trust_remote_code=request.get("trust_remote_code", False),
             )
         return load_artifact(request["model"], threads)
-    except CompressError:
-        raise
+    except (CompressError, TypeError, AttributeError, NameError, AssertionError):
+        raise  # compress's own errors and bugs stay what they are, not "the file may be damaged"
     except Exception as exc:
         reason = (str(exc).strip().splitlines() or [""])[0][:200]
         raise ModelError(

@@ -233,6 +233,35 @@ def test_worker_turns_a_runtime_parse_error_into_one_model_error(monkeypatch: py
     assert "\n" not in str(caught.value)
 
 
+def test_worker_lets_compress_bugs_through_as_themselves(monkeypatch: pytest.MonkeyPatch):
+    """A TypeError in compress's own loading code is a bug to report, not "the file may be damaged"."""
+    from compress import evaluate_worker
+
+    def buggy(*args: object, **kwargs: object) -> None:
+        raise TypeError("load_torch() got an unexpected keyword argument 'x'")
+
+    monkeypatch.setattr(evaluate_worker, "load_torch", buggy)
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        evaluate_worker.load_model({"kind": "torch", "model": "m", "threads": 1, "max_length": 8})
+
+
+@pytest.mark.parametrize(
+    ("number", "says"),
+    [
+        (9, "SIGKILL), most often by the out-of-memory killer"),
+        (15, "stopped (SIGTERM)"),
+        (11, "runtime crashed (SIGSEGV)"),
+        (6, "runtime crashed (SIGABRT)"),
+    ],
+)
+def test_a_worker_killed_by_a_signal_is_named_with_its_likely_cause(number: int, says: str):
+    from compress.evaluate import killed_line
+
+    line = killed_line("onnx", number)
+    assert says in line and "\n" not in line
+    assert ("damaged" in line) == (number in (11, 6))
+
+
 def test_artifact_manifests_carry_a_schema_version_that_both_readers_check(tmp_path: Path):
     from compress.export.artifact import ARTIFACT_SCHEMA
     from compress.subjects import read_artifact_manifest
