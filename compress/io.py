@@ -261,9 +261,13 @@ def read_model(
     redo: str = "write it again with the command that made it",
 ) -> Model:
     """A JSON file validated against a pydantic ``model``: what the rest of compress may trust."""
+    return check_model(path, read_json(path, fix=fix, redo=redo), model, redo=redo)
+
+
+def check_model(path: str | Path, data: Any, model: type[Model], *, redo: str) -> Model:
+    """``data`` (already read from ``path``) validated against ``model``; one line naming the key if not."""
     from pydantic import ValidationError
 
-    data = read_json(path, fix=fix, redo=redo)
     try:
         return model.model_validate(data)
     except ValidationError as exc:

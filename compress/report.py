@@ -34,7 +34,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, Strict, StrictBool, StrictInt, StrictStr
 
 from compress.errors import CompressError
-from compress.io import read_json, read_model, write_json_atomic, write_text_atomic
+from compress.io import check_model, read_json, write_json_atomic, write_text_atomic
 
 log = logging.getLogger(__name__)
 
@@ -179,7 +179,7 @@ def load_report(path: str | Path, *, shown: bool = False) -> dict[str, Any]:
             f"{path}: schema {schema!r} is not {SCHEMA!r}; read it with the compress that wrote it, "
             f"or {REDO_REPORT}"
         )
-    read_model(path, ShownReport if shown else ReportFile, redo=REDO_REPORT)
+    check_model(path, report, ShownReport if shown else ReportFile, redo=REDO_REPORT)  # the dict read above
     return report
 
 
