@@ -222,10 +222,13 @@ def verify_arm(
         folder = unpack(bundle, Path(scratch))  # the bundle is checked before the emulated root is built
         try:
             runner = load(folder)
+        except RunnerError as exc:
+            raise CompressError(f"{bundle}: {exc}") from None
+        check_tools()  # a missing qemu is said before the host spends minutes predicting
+        try:
             logits = runner.predict_logits(texts, pairs)
         except RunnerError as exc:
             raise CompressError(f"{bundle}: {exc}") from None
-        check_tools()
         root = build_root(Path(root_cache) if root_cache else default_cache())
         data = folder / "verify-texts.jsonl"
         rows = [
