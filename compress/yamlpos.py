@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -82,10 +83,14 @@ def line_for(lines: dict[Loc, int], loc: Loc) -> int | None:
 
 
 def format_loc(loc: Loc) -> str:
+    """``stages[1].temperature``; a key that is not a plain name (a newline, a dot, a space) is quoted
+    the way Python writes it, so the error stays one readable line."""
     out = ""
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
         else:
-            out += f".{part}" if out else str(part)
+            name = str(part)
+            name = name if re.fullmatch(r"[A-Za-z0-9_-]+", name) else repr(name)
+            out += f".{name}" if out else name
     return out or "(top level)"

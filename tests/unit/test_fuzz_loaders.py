@@ -17,23 +17,11 @@ from hypothesis import strategies as st
 from compress.errors import RecipeError
 from compress.recipe import load_recipe
 from compress.targets import load_target_file
+from tests.helpers.fuzz import documents
 
 FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
-scalars = st.one_of(
-    st.none(),
-    st.booleans(),
-    st.integers(min_value=-(2**70), max_value=2**70),
-    st.floats(allow_nan=True, allow_infinity=True),
-    st.text(max_size=20),
-)
-values = st.recursive(
-    scalars,
-    lambda inner: st.one_of(
-        st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=10), inner, max_size=4)
-    ),
-    max_leaves=12,
-)
+values = documents(text_size=20, branch=4, leaves=12)
 RECIPE_KEYS = [
     ["name"],
     ["seed"],

@@ -21,24 +21,12 @@ from hypothesis import strategies as st
 
 from compress.errors import CompressError
 from compress.runtime import runner
+from tests.helpers.fuzz import documents
 
 FUZZ = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 SHA = "ab" * 32
 
-scalars = st.one_of(
-    st.none(),
-    st.booleans(),
-    st.integers(min_value=-(2**70), max_value=2**70),
-    st.floats(allow_nan=True, allow_infinity=True),
-    st.text(max_size=12),
-)
-json_values = st.recursive(
-    scalars,
-    lambda inner: st.one_of(
-        st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=8), inner, max_size=3)
-    ),
-    max_leaves=8,
-)
+json_values = documents(text_size=12, branch=3, leaves=8)
 
 
 def report_doc() -> dict[str, Any]:
