@@ -31,10 +31,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, Strict, StrictBool, StrictInt, StrictStr
+from pydantic import Field, Strict, StrictBool, StrictInt, StrictStr
 
 from compress.errors import CompressError
 from compress.io import check_model, read_json, write_json_atomic, write_text_atomic
+from compress.subjects import Open
 
 log = logging.getLogger(__name__)
 
@@ -49,11 +50,7 @@ Scalar = StrictStr | StrictInt | Annotated[float, Strict()] | StrictBool | None
 """A value shown in a table or used as part of a key (never a list or object)."""
 
 
-class _Open(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-
-class Latency(_Open):
+class Latency(Open):
     """Milliseconds per request; what the gates and tables read is numeric, the rest is kept as is."""
 
     p50: Num = None
@@ -65,13 +62,13 @@ class Latency(_Open):
     padded_to: list[StrictInt] | StrictInt | None = None
 
 
-class Throughput(_Open):
+class Throughput(Open):
     batch_size: Num = None
     items_per_s: Num = None
     runtime_batch: Num = None
 
 
-class Metrics(_Open):
+class Metrics(Open):
     accuracy: Num = None
     f1: Num = None
     macro_f1: Num = None
@@ -84,7 +81,7 @@ class Metrics(_Open):
     per_class: dict[str, dict[str, Num]] | None = None
 
 
-class Entry(_Open):
+class Entry(Open):
     """What the gates read of a report entry."""
 
     name: StrictStr
@@ -107,7 +104,7 @@ class ShownEntry(Entry):
     bytes: Annotated[float, Strict(), Field(ge=0)]
 
 
-class DeviceRow(_Open):
+class DeviceRow(Open):
     artifact: StrictStr
     where: StrictStr
     runtime: StrictStr
@@ -118,7 +115,7 @@ class DeviceRow(_Open):
     latency_ms: Latency
 
 
-class GateRow(_Open):
+class GateRow(Open):
     gate: StrictStr
     artifact: StrictStr
     value: Num
@@ -127,11 +124,11 @@ class GateRow(_Open):
     detail: StrictStr = ""
 
 
-class ReportData(_Open):
+class ReportData(Open):
     labels: list[StrictStr] = Field(default_factory=list)
 
 
-class ReportFile(_Open):
+class ReportFile(Open):
     """report.json as far as compress uses it; unknown keys (a newer minor version's) are kept."""
 
     schema_: Literal["compress.report/1"] = Field(alias="schema")
@@ -152,7 +149,7 @@ class ShownReport(ReportFile):
     artifacts: list[ShownEntry] = Field(default_factory=list)
 
 
-class DeviceResult(_Open):
+class DeviceResult(Open):
     """One result of the runner's ``benchmark --out``."""
 
     schema_: Literal["compress.device-benchmark/1"] = Field(alias="schema")

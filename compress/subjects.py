@@ -13,7 +13,7 @@ import logging
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictStr, field_validator
 
@@ -44,13 +44,21 @@ class Open(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
-def _schema_version(value: str | None, family: str) -> str | None:
-    """Accept ``<family>/1`` (or none, from older versions); a newer major version needs a newer compress."""
-    if value is not None and value != f"{family}/1":
-        raise ValueError(
-            f"schema {value!r} is not {family}/1; read it with the compress version that wrote it"
-        )
-    return value
+class Versioned(Open):
+    """A file with a ``schema`` key ``<family>/1``: none (older versions) or version 1 is read; a newer
+    major version needs the compress that wrote it. Subclasses name their ``family``."""
+
+    family: ClassVar[str]
+    schema_: StrictStr | None = Field(None, alias="schema")
+
+    @field_validator("schema_")
+    @classmethod
+    def _version(cls, value: str | None) -> str | None:
+        if value is not None and value != f"{cls.family}/1":
+            raise ValueError(
+                f"schema {value!r} is not {cls.family}/1; read it with the compress version that wrote it"
+            )
+        return value
 
 
 class StageEntry(Open):
@@ -63,34 +71,24 @@ class TeacherLoad(Open):
     trust_remote_code: StrictBool | None = None
 
 
-class RunFile(Open):
+class RunFile(Versioned):
     """run.json: which stage folders belong to the run and where its teacher and recipe are."""
 
-    schema_: StrictStr | None = Field(None, alias="schema")
+    family = "compress.run"
     recipe_file: StrictStr = ""
     teacher_dir: StrictStr | None = None
     teacher_load: TeacherLoad = Field(default_factory=lambda: TeacherLoad())
     """Loader flags; the two that weaken safety must be booleans, flags a newer compress adds are kept."""
     stages: list[StageEntry]
 
-    @field_validator("schema_")
-    @classmethod
-    def _version(cls, value: str | None) -> str | None:
-        return _schema_version(value, "compress.run")
 
-
-class StageManifest(Open):
+class StageManifest(Versioned):
     """A stage folder's manifest.json: finished or not, and what it produced."""
 
-    schema_: StrictStr | None = Field(None, alias="schema")
+    family = "compress.stage"
     complete: StrictBool = False
     produces: StrictStr | None = None
     """model or artifacts; a kind a newer compress adds is skipped here, as before."""
-
-    @field_validator("schema_")
-    @classmethod
-    def _version(cls, value: str | None) -> str | None:
-        return _schema_version(value, "compress.stage")
 
 
 class FileEntry(Open):
@@ -99,10 +97,10 @@ class FileEntry(Open):
     bytes: Annotated[int, Field(ge=0)] | None = None
 
 
-class ArtifactManifest(Open):
+class ArtifactManifest(Versioned):
     """An artifact folder's manifest.json: the model file's format and every file with its sha256."""
 
-    schema_: StrictStr | None = Field(None, alias="schema")
+    family = "compress.artifact"
     kind: Literal["artifact"]
     name: StrictStr | None = None
     format: Literal["onnx", "tflite"]
@@ -110,11 +108,6 @@ class ArtifactManifest(Open):
     precision: StrictStr = "fp32"
     max_length: Annotated[int, Field(gt=0)]
     files: list[FileEntry]
-
-    @field_validator("schema_")
-    @classmethod
-    def _version(cls, value: str | None) -> str | None:
-        return _schema_version(value, "compress.artifact")
 
 
 class _Kind(Open):
