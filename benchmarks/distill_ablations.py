@@ -3,7 +3,7 @@
 Each ablation is a one-stage recipe (``type: distill``), validated like a user's, whose stage handler
 runs alone (without the pipeline's final evaluation/report, which measures latency and is not what
 is compared here). Runs of one task share a cache folder, so the teacher's outputs are computed
-once per layer set and reused. Writes ``<results>/distill_ablations.json`` and ``.md``.
+once per layer set and reused. Writes ``<results>/<name>.json`` and ``.md`` (``--name``, default ``distill_ablations``).
 
 The dev split is only measured: each run picks its best epoch on training rows held out from the
 transfer set (``--holdout``, at most 10% of the file: the same fixed split as the suite and the share
@@ -35,6 +35,9 @@ ABLATIONS: list[tuple[str, dict[str, Any]]] = [
     ("soft+hard+hidden(cos)", {"layers": 3, "weights": {"soft": 1.0, "hard": 1.0, "hidden": 1.0}}),
     ("+augment", {"layers": 3, "weights": {"soft": 1.0, "hard": 1.0, "hidden": 1.0}, "augment": {}}),
     ("2 layers, soft+hard+hidden(cos)", {"layers": 2, "weights": {"soft": 1.0, "hard": 1.0, "hidden": 1.0}}),
+    # Issue 16: what the headline's soft-only distillation gains from more epochs or a larger transfer set.
+    ("soft, 6 epochs", {"layers": 3, "weights": {"soft": 1.0}, "epochs": 6, "patience": 2}),
+    ("soft+augment", {"layers": 3, "weights": {"soft": 1.0}, "augment": {}}),
 ]
 TASKS = {
     "sst2": {"text": "sentence", "label": "label"},
@@ -197,6 +200,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work", type=Path, default=Path("runs/benchmarks/distill"))
     parser.add_argument("--results", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument(
+        "--name", default="distill_ablations", help="results file stem (<results>/<name>.json and .md)"
+    )
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
@@ -241,10 +247,10 @@ def main() -> None:
         )
     }
     args.results.mkdir(parents=True, exist_ok=True)
-    (args.results / "distill_ablations.json").write_text(
+    (args.results / f"{args.name}.json").write_text(
         json.dumps({"settings": settings, "rows": rows}, indent=2)
     )
-    (args.results / "distill_ablations.md").write_text(markdown(rows, settings))
+    (args.results / f"{args.name}.md").write_text(markdown(rows, settings))
     print(markdown(rows, settings))
 
 
