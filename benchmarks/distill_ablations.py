@@ -3,7 +3,8 @@
 Each ablation is a one-stage recipe (``type: distill``), validated like a user's, whose stage handler
 runs alone (without the pipeline's final evaluation/report, which measures latency and is not what
 is compared here). Runs of one task share a cache folder, so the teacher's outputs are computed
-once per layer set and reused. Writes ``<results>/<name>.json`` and ``.md`` (``--name``, default ``distill_ablations``).
+once per layer set and reused. Writes ``<results>/<name>.json`` and ``.md`` (``--name``, default
+``distill_ablations``).
 
 The dev split is only measured: each run picks its best epoch on training rows held out from the
 transfer set (``--holdout``, at most 10% of the file: the same fixed split as the suite and the share
