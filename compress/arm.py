@@ -4,8 +4,10 @@ The root is built once and cached: debootstrap's first stage downloads bookworm'
 packages and ``dpkg-deb -x`` unpacks them, so no chroot, binfmt or mounts are needed. The bundle's
 own requirements files are installed from aarch64 wheels by the host's pip, one environment per
 file (ai-edge-litert, the tflite-runtime 2.14 fallback, onnxruntime). qemu then runs the bundle's
-runner.py on the same texts as the host, and the labels must agree. Emulated timings say nothing
-about a real board, so none are reported here.
+runner.py on the same texts as the host, and the labels must agree with the host's labels of the
+model that interpreter picks (a TFLite bundle may carry a fallback model for tflite-runtime). A pass
+is recorded beside the bundle (``<bundle>.verified.json``): which interpreter versions loaded which
+model file on emulated aarch64. Emulated timings say nothing about a real board, so none are reported.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ PYTHON = f"usr/bin/python{PYTHON_VERSION}"
 GLIBC_MINOR = 36  # bookworm ships glibc 2.36: wheels tagged manylinux_2_17 ... manylinux_2_36 run there
 APT_COMMAND = "apt-get update && apt-get install -y qemu-user-static debootstrap"
 READY = ".compress-ready"
+VERIFICATION_SCHEMA = "compress.verification/1"
 CPU = "cortex-a72"
 # onnxruntime parses /proc/cpuinfo at import; under qemu-user it would read the host's x86 file and crash.
 CPUINFO = "".join(
@@ -161,7 +164,12 @@ def run_env(root: Path, site: Path, folder: Path, data: Path, timeout: float) ->
         return {"error": (info.stderr.strip().splitlines() or ["no output"])[-1]}
     try:
         described = json.loads(info.stdout)
-        result = {"interpreter": described["interpreter"], "machine": described["device"]["machine"]}
+        result = {
+            "interpreter": described["interpreter"],
+            "machine": described["device"]["machine"],
+            "model": described["model"],
+            "model_sha256": described["model_sha256"],
+        }
     except (ValueError, KeyError, TypeError) as exc:
         return {"error": f"runner.py info printed no usable JSON ({type(exc).__name__})"}
     command = emulate(root, ["runner.py", "predict", "--file", str(data), "--out", str(out)])
@@ -191,8 +199,8 @@ def compare(host: list[dict[str, Any]], arm: list[dict[str, Any]], tie_margin: f
         "total": len(host),
         "near_ties": len(near_ties),
         "max_abs_logit_diff": round(float(diff), 6),
-        "first_differing_lines": differ[:10],
-        "host_margins": {str(line): round(margins[line], 4) for line in differ[:10]},
+        "differing_lines": differ,
+        "host_margins": {str(line): round(margins[line], 4) for line in differ},
     }
 
 
@@ -202,6 +210,83 @@ def run_passes(run: dict[str, Any], total: int, min_agreement: float = 1.0) -> b
     if run.get("total") != total:
         return False
     return run["agree"] + run["near_ties"] >= math.ceil(min_agreement * total - 1e-9)
+
+
+def host_predictions(
+    bundle: Path, folder: Path, runner: Any, texts: list[str], pairs: list[str] | None
+) -> dict[str, dict[str, Any]]:
+    """The host's labels and logits from every model in the bundle: its primary, then each fallback
+    (run by the host's interpreter), so each emulated interpreter is compared on the model it picks."""
+    from compress.runtime.runner import RunnerError, load
+
+    models = [runner.model.name, *(entry["path"] for entry in runner.manifest.get("fallbacks", []))]
+    host = {}
+    for model in dict.fromkeys(models):
+        try:
+            chosen = runner if model == runner.model.name else load(folder, verify=False, model=model)
+            logits = chosen.predict_logits(texts, pairs)
+        except RunnerError as exc:
+            raise CompressError(f"{bundle}: {exc}") from None
+        rows = [
+            {**row, "logits": list(map(float, values))}
+            for row, values in zip(chosen.decode(logits), logits, strict=True)
+        ]
+        host[model] = {"rows": rows, "sha256": chosen.describe()["model_sha256"]}
+    return host
+
+
+def model_contracts(manifest: dict[str, Any]) -> dict[str, Any]:
+    """Each model's runtime contract as the bundle's manifest states it (TFLite: ops and op versions)."""
+    models = {"model." + manifest["format"]: manifest.get("runtime")}
+    models.update({entry["path"]: entry.get("runtime") for entry in manifest.get("fallbacks", [])})
+    return {path: {"ops": (contract or {}).get("ops")} for path, contract in models.items()}
+
+
+def verification_record(result: dict[str, Any], bundle_sha256: str) -> dict[str, Any]:
+    """What a passing verify-arm proves: these interpreter versions loaded these model files on emulated
+    aarch64 and gave the host's labels. Only the versions run are named; no other version is claimed."""
+    models: dict[str, Any] = {path: {**entry, "verified": []} for path, entry in result["models"].items()}
+    for run in result["runs"]:
+        models[run["model"]]["sha256"] = run["model_sha256"]
+        models[run["model"]]["verified"].append(
+            {
+                "interpreter": run["interpreter"]["name"],
+                "version": run["interpreter"]["version"],
+                "machine": run["machine"],
+                "requirements": run["requirements"],
+                "agree": run["agree"],
+                "near_ties": run["near_ties"],
+                "total": run["total"],
+            }
+        )
+    return {
+        "schema": VERIFICATION_SCHEMA,
+        "bundle": Path(result["bundle"]).name,
+        "bundle_sha256": bundle_sha256,
+        "artifact": result["artifact"],
+        "emulator": {k: v for k, v in result["emulator"].items() if k != "root"},
+        "min_agreement": result["min_agreement"],
+        "tie_margin": result["tie_margin"],
+        "models": models,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def record_path(bundle: Path) -> Path:
+    return bundle.with_name(bundle.name + ".verified.json")
+
+
+def write_verification(bundle: Path, result: dict[str, Any]) -> Path | None:
+    """On a pass, write ``<bundle>.verified.json``; on a failure remove one left by an earlier pass, so
+    a record beside a bundle always describes the latest verification of those bytes."""
+    from compress.io import sha256_file, write_json_atomic
+
+    path = record_path(bundle)
+    if not result["ok"]:
+        path.unlink(missing_ok=True)
+        return None
+    write_json_atomic(path, verification_record(result, sha256_file(bundle)))
+    return path
 
 
 def verify_arm(
@@ -225,10 +310,7 @@ def verify_arm(
         except RunnerError as exc:
             raise CompressError(f"{bundle}: {exc}") from None
         check_tools()  # a missing qemu is said before the host spends minutes predicting
-        try:
-            logits = runner.predict_logits(texts, pairs)
-        except RunnerError as exc:
-            raise CompressError(f"{bundle}: {exc}") from None
+        host = host_predictions(bundle, folder, runner, texts, pairs)
         root = build_root(Path(root_cache) if root_cache else default_cache())
         data = folder / "verify-texts.jsonl"
         rows = [
@@ -236,10 +318,6 @@ def verify_arm(
             for t, p in zip(texts, pairs or texts, strict=True)
         ]
         data.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
-        host = [
-            {**row, "logits": list(map(float, values))}
-            for row, values in zip(runner.decode(logits), logits, strict=True)
-        ]
         requirements = sorted(folder.glob("requirements*.txt"))
         sites = [install_env(root, r) for r in requirements]  # pip, one environment at a time
 
@@ -254,11 +332,16 @@ def verify_arm(
         runs = []
         for req, result in zip(requirements, results, strict=True):
             rows = result.pop("rows", None)
+            reference = host.get(result.get("model"))
+            if rows and reference is None:
+                result["error"] = (
+                    f"the runner picked {result.get('model')!r}, a model the bundle does not list"
+                )
             runs.append(
                 {
                     "requirements": req.name,
                     **result,
-                    **(compare(host, rows, tie_margin) if rows else {}),
+                    **(compare(reference["rows"], rows, tie_margin) if rows and reference else {}),
                 }
             )
         return {
@@ -267,7 +350,11 @@ def verify_arm(
             "artifact": runner.manifest.get("name"),
             "format": runner.manifest["format"],
             "precision": runner.manifest.get("precision"),
-            "host": {"interpreter": runner.describe()["interpreter"]},
+            "host": {
+                "interpreter": runner.describe()["interpreter"],
+                "models": {path: {"sha256": h["sha256"]} for path, h in host.items()},
+            },
+            "models": model_contracts(runner.manifest),
             "emulator": {"qemu_cpu": CPU, "debian": SUITE, "root": str(root)},
             "runs": runs,
             "tie_margin": tie_margin,

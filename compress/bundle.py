@@ -17,19 +17,53 @@ import logging
 import tarfile
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, StrictStr
 
 from compress.errors import CompressError
-from compress.io import atomic_path, sha256_file
+from compress.io import atomic_path, check_model, sha256_file
 from compress.model_card import model_card
-from compress.subjects import REDO_ARTIFACT, read_artifact_manifest, read_labels
+from compress.subjects import REDO_ARTIFACT, Open, SafePath, read_artifact_manifest, read_labels
 
 log = logging.getLogger(__name__)
 
 BUNDLE_SCHEMA = "compress.bundle/1"
 RUNNER = Path(__file__).resolve().parent / "runtime" / "runner.py"
 KEPT = ("name", "format", "target", "precision", "quantization", "inputs", "outputs", "max_length")
+KEPT_IF_PRESENT = ("runtime", "fallbacks")
+"""TFLite: the runtime contract (ops, op versions, interpreters that loaded the model) and fallback models."""
 FALLBACK_TFLITE = ("tflite-runtime==2.14.0", "numpy<2", "tokenizers>=0.19")
+
+
+class FallbackModel(Open):
+    """One ``fallbacks`` entry of a TFLite artifact: a second model for an interpreter below a version."""
+
+    path: Annotated[SafePath, Field(pattern=r"\.tflite$")]
+    interpreter: Literal["ai_edge_litert", "tflite_runtime"]
+    below: Annotated[StrictStr, Field(pattern=r"^[0-9]+(\.[0-9]+)*$")]
+    scheme: StrictStr
+    reason: StrictStr
+
+
+class ModelChoice(Open):
+    format: Literal["onnx", "tflite"]
+    fallbacks: list[FallbackModel] = Field(default_factory=list)
+
+
+def check_fallbacks(artifact: Path, source: dict[str, Any], listed: set[str]) -> None:
+    """Each fallback model is a .tflite file inside the folder that the manifest lists with its sha256."""
+    path = artifact / "manifest.json"
+    choice = check_model(path, source, ModelChoice, redo=REDO_ARTIFACT)
+    if choice.fallbacks and choice.format != "tflite":
+        raise CompressError(
+            f"{path}: 'fallbacks' are TFLite models, this is {choice.format}; {REDO_ARTIFACT}"
+        )
+    for entry in choice.fallbacks:
+        if entry.path not in listed:
+            raise CompressError(
+                f"{path}: fallback model {entry.path!r} is not listed in files (no sha256); {REDO_ARTIFACT}"
+            )
 
 
 def choose_artifact(run_dir: Path, target: str) -> Path:
@@ -74,6 +108,12 @@ def readme_text(manifest: dict[str, Any], labels: list[str], bundle_name: str) -
         if manifest["format"] == "tflite"
         else ""
     )
+    picks = "".join(
+        f"runner.py runs {entry['path']} ({entry['scheme']}) under {entry['interpreter']} "
+        f"< {entry['below']}, model.tflite under any other interpreter, and says which on stderr: "
+        f"{entry['reason']}\n"
+        for entry in manifest.get("fallbacks") or []
+    )
     return (
         f"{bundle_name}: {manifest['name']} ({manifest['format']}, {manifest['precision']}) "
         f"for {manifest['target']}\n"
@@ -86,6 +126,7 @@ def readme_text(manifest: dict[str, Any], labels: list[str], bundle_name: str) -
         '  python3 runner.py predict "some text"\n'
         "  python3 runner.py predict --file texts.txt --out predictions.jsonl   # .txt, .tsv or .jsonl\n"
         "  python3 runner.py benchmark --out device.json\n\n"
+        f"{picks}"
         "runner.py checks the sha256 of every file in manifest.json before loading the model.\n"
         "On the host, merge device.json into the run's report:\n"
         "  compress report RUN --device-results device.json\n"
@@ -100,6 +141,11 @@ def bundle_files(
     ``report`` (the run's report.json) gives the model card its measured numbers."""
     checked = read_artifact_manifest(artifact)
     source = checked.model_dump(by_alias=True)
+    model_file = f"model.{checked.format}"
+    if model_file not in {entry.path for entry in checked.files}:
+        raise CompressError(
+            f"{artifact / 'manifest.json'}: files does not list {model_file}; {REDO_ARTIFACT}"
+        )
     files: dict[str, bytes] = {}
     for entry in checked.files:
         path = artifact / entry.path
@@ -111,7 +157,9 @@ def bundle_files(
         if not path.is_file() or sha256_file(path) != entry.sha256:
             raise CompressError(f"{path}: missing or changed since export (sha256); run the recipe again")
         files[entry.path] = path.read_bytes()
+    check_fallbacks(artifact, source, set(files))
     manifest = {key: source.get(key) for key in KEPT}
+    manifest.update({key: source[key] for key in KEPT_IF_PRESENT if key in source})
     manifest.update(
         schema=BUNDLE_SCHEMA,
         kind="bundle",
@@ -125,7 +173,7 @@ def bundle_files(
         files[name] = ("\n".join(lines) + "\n").encode()
     labels = read_labels(artifact / "labels.json")
     files["README.txt"] = readme_text(manifest, labels, bundle_name).encode()
-    model_sha = next(e.sha256 for e in checked.files if e.path == f"model.{checked.format}")
+    model_sha = next(e.sha256 for e in checked.files if e.path == model_file)
     card_source = {**manifest, "source": {**(source.get("source") or {}), "check": source.get("check")}}
     files["README.md"] = model_card(card_source, labels, report, model_sha, bundle_name).encode()
     manifest["files"] = [

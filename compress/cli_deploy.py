@@ -36,6 +36,15 @@ def bundle_cmd(run: Path, target: str, out: Path | None) -> None:
         click.echo(f"  {name:34} {_megabytes(size):>10}")
 
 
+def recipe_min_agreement(run_dir: Path) -> float | None:
+    """1 - the run's quantize ``tolerable_loss``: the share of labels int8 may change is the share
+    that may differ on another instruction set. None when the recipe has no quantize stage."""
+    from compress.subjects import recipe_of_run
+
+    losses = [s.tolerable_loss for s in recipe_of_run(run_dir).stages if s.type == "quantize"]
+    return round(1.0 - min(losses), 6) if losses else None
+
+
 def _texts(run_dir: Path | None, data: Path | None) -> tuple[list[str], list[str] | None, str]:
     if (run_dir is None) == (data is None):
         raise CompressError(
@@ -86,10 +95,10 @@ def _texts(run_dir: Path | None, data: Path | None) -> tuple[list[str], list[str
 @click.option(
     "--min-agreement",
     type=click.FloatRange(min=0, max=1),
-    default=1.0,
-    show_default=True,
+    default=None,
     help="Pass when at least this share of labels match the host's (int8 kernels of two instruction sets "
-    "can round a near tie apart, e.g. 0.99 = the recipe's tolerable_loss); every difference is printed.",
+    "can round a near tie apart); every difference is printed. [default: with --run, 1 - the recipe's "
+    "quantize tolerable_loss; else 1.0]",
 )
 @click.pass_context
 def verify_arm_cmd(
@@ -100,21 +109,24 @@ def verify_arm_cmd(
     cache: Path | None,
     out: Path | None,
     tie_margin: float,
-    min_agreement: float,
+    min_agreement: float | None,
 ) -> None:
-    """Run BUNDLE on emulated arm64 (bookworm under qemu) with each of its interpreters; labels must agree."""
-    from compress.arm import verify_arm
+    """Run BUNDLE on emulated arm64 (bookworm under qemu) with each of its interpreters; labels must agree
+    with the host's labels of the model each interpreter picks. A pass is recorded in BUNDLE.verified.json."""
+    from compress.arm import verify_arm, write_verification
     from compress.io import check_output_path, write_json_atomic
 
     if out is not None:
         check_output_path(out)
     texts, pairs, source = _texts(run_dir, data)
+    if min_agreement is None:
+        min_agreement = (recipe_min_agreement(run_dir) if run_dir is not None else None) or 1.0
     result = verify_arm(
         bundle, texts, pairs, root_cache=cache, tie_margin=tie_margin, min_agreement=min_agreement
     )
     click.echo(
         f"{bundle}: {_megabytes(result['bundle_bytes'])}, {result['artifact']}; "
-        f"{len(texts)} texts from {source}"
+        f"{len(texts)} texts from {source}; pass at {min_agreement:.2%} of labels as on the host"
     )
     host = result["host"]["interpreter"]
     for run in result["runs"]:
@@ -122,18 +134,24 @@ def verify_arm_cmd(
         if "error" in run:
             click.echo(f"{name} FAILED: {run['error']}")
             continue
-        interpreter = f"{run['interpreter']['name']} {run['interpreter']['version']} on {run['machine']}"
+        interpreter = (
+            f"{run['interpreter']['name']} {run['interpreter']['version']} on {run['machine']} "
+            f"running {run['model']}"
+        )
         click.echo(
             f"{name} {interpreter}: {run['agree']}/{run['total']} labels as on the host "
             f"({host['name']} {host['version']}), max |logit diff| {run['max_abs_logit_diff']:.2e}"
         )
-        if run["first_differing_lines"]:
+        if run["differing_lines"]:
             click.echo(
-                f"    labels differ on text lines {run['first_differing_lines']} (first 10); host margins "
+                f"    labels differ on text lines {run['differing_lines']}; host margins "
                 f"{run['host_margins']}; {run['near_ties']} within --tie-margin {tie_margin}"
             )
     if out is not None:
         write_json_atomic(out, result)
+    record = write_verification(bundle, result)
+    if record is not None:
+        click.echo(f"verified: {record}")
     if not result["ok"]:
         click.echo(
             "verify-arm: the emulated arm64 predictions differ from the host's (or did not run)", err=True

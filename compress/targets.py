@@ -19,6 +19,24 @@ from compress.config import Strict
 from compress.errors import CompressError, RecipeError
 
 Scheme = Literal["weight-only", "dynamic", "static"]
+PRIMARY_INTERPRETER = {"litert": "ai_edge_litert", "onnxruntime": "onnxruntime"}
+"""The Python module that runs a target's primary model (the runner imports it first)."""
+
+
+class Fallback(Strict):
+    """A second model in the same artifact, for an interpreter that computes the primary one wrongly.
+
+    The runner picks it when it finds ``interpreter`` older than ``below``; the quantize stage writes it
+    when the primary's scheme is one of ``schemes``, and ``reason`` goes into the artifact manifest."""
+
+    interpreter: Literal["tflite_runtime", "ai_edge_litert"]
+    below: str = Field(pattern=r"^[0-9]+(\.[0-9]+)*$")
+    """Versions older than this get the fallback model (e.g. "2.15": every tflite-runtime release)."""
+    schemes: list[Scheme] = Field(min_length=1)
+    """Primary schemes this interpreter computes wrongly."""
+    scheme: Scheme = "weight-only"
+    """What the fallback model is; weight-only computes in float, like the fp32 model."""
+    reason: str = Field(min_length=1)
 
 
 class QuantizationRules(Strict):
@@ -31,6 +49,18 @@ class QuantizationRules(Strict):
     per-channel, since the weights are dequantized before any kernel sees them."""
     activations: Literal["int8", "uint8"] = "int8"
     float_fallback: bool = True
+    fallbacks: list[Fallback] = Field(default_factory=list)
+    """TFLite: interpreters that get a second model (see ``Fallback``)."""
+
+    @model_validator(mode="after")
+    def _fallbacks_differ(self) -> QuantizationRules:
+        for rule in self.fallbacks:
+            if rule.scheme in rule.schemes:
+                raise ValueError(
+                    f"fallbacks: {rule.interpreter} gets scheme {rule.scheme}, one of the schemes it "
+                    f"computes wrongly ({rule.schemes}); give it another (weight-only computes in float)"
+                )
+        return self
 
 
 class Budgets(Strict):
@@ -63,6 +93,8 @@ class TargetProfile(Strict):
                 "quantization.schemes: weight-only is a TFLite scheme (onnxruntime has no int8 "
                 "weight-only MatMul); use dynamic for onnx targets"
             )
+        if self.format == "onnx" and self.quantization.fallbacks:
+            raise ValueError("quantization.fallbacks are for TFLite targets (a second .tflite model)")
         if self.format == "tflite" and self.input_dtype != "int32":
             raise ValueError("tflite targets need input_dtype int32 (mobile runtimes reject int64)")
         return self
@@ -70,6 +102,16 @@ class TargetProfile(Strict):
     @property
     def max_length(self) -> int:
         return max(self.sequence_lengths)
+
+    @property
+    def interpreters(self) -> list[str]:
+        """The interpreter modules this target names: the primary first, then each fallback's."""
+        named = [PRIMARY_INTERPRETER[self.runtime]]
+        return named + [r.interpreter for r in self.quantization.fallbacks if r.interpreter not in named]
+
+    def fallbacks_for(self, scheme: str) -> list[Fallback]:
+        """The fallback rules that apply when the primary model is quantized with ``scheme``."""
+        return [rule for rule in self.quantization.fallbacks if scheme in rule.schemes]
 
 
 def stock_targets_dir() -> Path:

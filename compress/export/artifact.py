@@ -57,8 +57,12 @@ def finish_artifact(
     text_pair: bool,
     source: dict[str, Any] | None,
     check: dict[str, Any],
+    runtime: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Write tokenizer.json, labels.json and manifest.json beside the model file; return the manifest."""
+    """Write tokenizer.json, labels.json and manifest.json beside the model file; return the manifest.
+
+    ``runtime`` (TFLite) is the runtime contract: the ops and op versions the model file needs and the
+    interpreters that loaded it at export."""
     if not (folder / MODEL_FILES[fmt]).is_file():
         raise ExportError(f"{folder}: {MODEL_FILES[fmt]} was not written")
     write_tokenizer(tokenizer, folder)
@@ -79,6 +83,7 @@ def finish_artifact(
         "task": {"text_pair": text_pair},
         "source": source,
         "check": check,
+        **({"runtime": runtime} if runtime is not None else {}),
         "files": file_entries(folder),
     }
     write_json_atomic(folder / "manifest.json", manifest)

@@ -8,7 +8,10 @@ pads to the smallest length that fits.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import logging
+import platform
+import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -104,6 +107,95 @@ def buffer_stats(path: Path) -> dict[str, int]:
             duplicate += size
         seen.add(digest)
     return {"buffer_bytes": total, "duplicate_buffer_bytes": duplicate}
+
+
+MISSING_OP = re.compile(
+    r"Didn't find (?:op for builtin opcode|custom op for name) '([^']+)'(?: version '(\d+)')?"
+)
+"""How a TFLite interpreter says it has no kernel for an op (or that version of it) when it loads a model."""
+
+
+def tflite_ops(path: Path) -> list[dict[str, Any]]:
+    """Every op and op version the model's operators use, read from the flatbuffer with LiteRT's schema.
+
+    This is what a runtime must register to load the file: an op version newer than its kernels is
+    the usual reason an older interpreter refuses a model. Custom ops are named ``CUSTOM:<name>``.
+    """
+    from ai_edge_litert import schema_py_generated as schema
+
+    data = path.read_bytes()
+    if not schema.Model.ModelBufferHasIdentifier(data, 0):
+        raise ExportError(f"{path}: not a TFLite flatbuffer (no TFL3 identifier); export it again")
+    model = schema.Model.GetRootAs(data, 0)
+    names = {code: name for name, code in vars(schema.BuiltinOperator).items() if not name.startswith("_")}
+    used = {
+        model.Subgraphs(s).Operators(o).OpcodeIndex()
+        for s in range(model.SubgraphsLength())
+        for o in range(model.Subgraphs(s).OperatorsLength())
+    }
+    ops = set()
+    for index in used:
+        code = model.OperatorCodes(index)
+        builtin = max(code.BuiltinCode(), code.DeprecatedBuiltinCode())
+        name = names.get(builtin, f"BUILTIN_{builtin}")
+        if name == "CUSTOM":
+            name = f"CUSTOM:{(code.CustomCode() or b'').decode('utf-8', 'replace')}"
+        ops.add((name, int(code.Version())))
+    return [{"op": name, "version": version} for name, version in sorted(ops)]
+
+
+def interpreter_version(module_name: str) -> str:
+    from importlib import metadata
+
+    distribution = module_name.replace("_", "-")
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def check_loads(path: Path, interpreters: list[str], target: str) -> list[dict[str, Any]]:
+    """Load ``path`` in each of the target's named interpreters installed here; one line when one cannot.
+
+    No table of op versions per runtime version ships with the installed packages, so the check is the
+    load itself: an interpreter registers its kernels and refuses an op (or op version) it lacks. An
+    interpreter not installed on this host is recorded as not checked here (verify-arm loads it on
+    emulated aarch64).
+    """
+    loaded = []
+    for module_name in interpreters:
+        try:
+            module = importlib.import_module(f"{module_name}.interpreter")
+        except ImportError:
+            loaded.append({"interpreter": module_name, "loaded": None, "note": "not installed on this host"})
+            continue
+        version = interpreter_version(module_name)
+        try:
+            module.Interpreter(model_path=str(path))
+        except (ValueError, RuntimeError) as exc:
+            text = str(exc)
+            missing = MISSING_OP.search(text)
+            if missing is None:
+                reason = (text.strip().splitlines() or [type(exc).__name__])[0][:160]
+                raise ExportError(
+                    f"{path.name}: {module_name} {version}, a runtime target '{target}' names, cannot "
+                    f"load it ({reason}); export it again or drop the interpreter from the target profile"
+                ) from None
+            op = f"op {missing.group(1)}" + (f" version {missing.group(2)}" if missing.group(2) else "")
+            raise ExportError(
+                f"{path.name}: {op} cannot run on {module_name} {version}, a runtime target '{target}' "
+                "names; keep that op out of the model (another scheme, or float_layers for the layers "
+                "that use it) or drop the interpreter from the target profile"
+            ) from None
+        loaded.append(
+            {"interpreter": module_name, "version": version, "machine": platform.machine(), "loaded": True}
+        )
+    return loaded
+
+
+def runtime_contract(path: Path, interpreters: list[str], target: str) -> dict[str, Any]:
+    """The manifest's ``runtime``: the ops the file needs and which interpreters loaded it at export."""
+    return {"ops": tflite_ops(path), "loaded_at_export": check_loads(path, interpreters, target)}
 
 
 def tflite_runners(path: Path, threads: int = 1) -> dict[int, Callable[[dict[str, np.ndarray]], np.ndarray]]:
@@ -233,6 +325,7 @@ def export_tflite(
             text_pair=pairs is not None,
             source=source,
             check={**check, **stats},
+            runtime=runtime_contract(path, profile.interpreters, profile.name),
         )
     return manifest
 

@@ -4,6 +4,9 @@
 computes in float: a quarter of the bytes, float speed, and the same logits on every interpreter
 (tflite-runtime 2.14 on a Pi gives the host's numbers to 1e-8, where its dynamic-range kernels
 return zeros for per-channel weights and round activations differently for per-tensor ones).
+A target profile's ``fallbacks`` put such a second model into the same artifact folder
+(``fallback-<scheme>.tflite``) for the interpreters that compute the primary ``model.tflite`` wrongly;
+the manifest says which model is for which interpreter and why.
 
 Layers stay float through recipe scopes: ai-edge-quantizer matches a regex against each op's
 output tensor names, which litert-torch builds from the module path (``..._encoder/..._3/...``).
@@ -21,7 +24,7 @@ from typing import Any, Literal
 import numpy as np
 
 from compress.errors import ExportError
-from compress.io import atomic_dir
+from compress.io import atomic_dir, write_json_atomic
 from compress.quantize import derive_artifact
 from compress.quantize.constants import require_int8_constants, tflite_float_constants
 
@@ -112,6 +115,89 @@ def check_float_outputs(path: Path) -> None:
             )
 
 
+def fallback_file(scheme: str) -> str:
+    return f"fallback-{scheme}.tflite"
+
+
+def write_model(q: Any, scheme: str, calibration: dict[str, Any] | None, target: Path) -> None:
+    try:
+        qsvs = q.calibrate(calibration, num_threads=2) if scheme == "static" else None
+        q.quantize(qsvs, enable_progress_report=False).export_model(str(target), overwrite=True)
+    except ExportError:
+        raise
+    except Exception as exc:
+        raise ExportError(
+            f"ai-edge-quantizer {scheme} quantization failed: {type(exc).__name__}: "
+            f"{str(exc).splitlines()[0][:200] if str(exc) else ''}"
+        ) from None
+    check_float_outputs(target)
+
+
+def quantization_record(
+    scheme: str,
+    per_channel: bool,
+    full_integer: bool,
+    calibration: dict[str, list[Any]] | None,
+    float_layers: list[str],
+    kept_float: dict[str, int],
+) -> dict[str, Any]:
+    return {
+        "tool": "ai-edge-quantizer",
+        "scheme": scheme,
+        "granularity": "per-channel" if per_channel else "per-tensor",
+        "weights": "int8",
+        "activations": {"static": "int8", "dynamic": "dynamic"}.get(scheme, "float"),
+        "op_types": ("all" if full_integer else STATIC_OPS + TABLE_OPS) if scheme == "static" else "all",
+        "calibration": {"samples": sum(len(v) for v in calibration.values()), "method": "minmax"}
+        if scheme == "static" and calibration
+        else None,
+        "float_layers": float_layers,
+        "float_constant_bytes": sum(kept_float.values()),
+    }
+
+
+def write_fallbacks(
+    float_dir: Path,
+    folder: Path,
+    profile: Any,
+    scheme: str,
+    per_channel: bool,
+    float_layers: list[str],
+    calibration: dict[str, list[Any]] | None,
+    full_integer: bool,
+) -> list[dict[str, Any]]:
+    """The second model for each of ``profile``'s fallback rules that ``scheme`` triggers; one file per
+    fallback scheme, each loaded in its interpreter here when that interpreter is installed."""
+    from compress.export.tflite import runtime_contract
+
+    entries = []
+    for rule in profile.fallbacks_for(scheme):
+        path = folder / fallback_file(rule.scheme)
+        channels = per_channel or rule.scheme == "weight-only"
+        if not path.is_file():
+            q = build_quantizer(float_dir / "model.tflite", rule.scheme, channels, float_layers, full_integer)
+            write_model(q, rule.scheme, calibration, path)
+        entries.append(
+            {
+                "path": path.name,
+                "interpreter": rule.interpreter,
+                "below": rule.below,
+                "scheme": rule.scheme,
+                "reason": rule.reason,
+                "quantization": quantization_record(
+                    rule.scheme,
+                    channels,
+                    full_integer,
+                    calibration,
+                    float_layers,
+                    tflite_float_constants(path),
+                ),
+                "runtime": runtime_contract(path, [rule.interpreter], profile.name),
+            }
+        )
+    return entries
+
+
 def quantize_tflite(
     float_dir: Path,
     out_dir: Path,
@@ -122,47 +208,51 @@ def quantize_tflite(
     per_channel: bool = True,
     full_integer: bool = False,
     name: str | None = None,
+    profile: Any | None = None,
 ) -> dict[str, Any]:
     """Quantize the fp32 TFLite artifact at ``float_dir`` into an int8 artifact folder at ``out_dir``.
 
     ``calibration`` maps signature name (``seq_128``) to input samples; static needs it.
     ``float_layers`` are PyTorch module names kept in float (see ``layer_scope``). Static quantizes
     the matmuls (``STATIC_OPS``) and stores the embedding tables int8 (``TABLE_OPS``, weight-only) unless
-    ``full_integer`` asks for every op (targets without float ops).
+    ``full_integer`` asks for every op (targets without float ops). With a target ``profile``, the
+    manifest gets the runtime contract of each model and the fallback models its rules ask for.
     """
+    from compress.export.tflite import runtime_contract
+
     float_layers = list(float_layers or [])
     if scheme == "static" and not calibration:
         raise ExportError("static int8 needs calibration samples; set calibration.samples > 0")
     q = build_quantizer(float_dir / "model.tflite", scheme, per_channel, float_layers, full_integer)
     with atomic_dir(out_dir) as folder:
         target = folder / "model.tflite"
-        try:
-            qsvs = q.calibrate(calibration, num_threads=2) if scheme == "static" else None
-            q.quantize(qsvs, enable_progress_report=False).export_model(str(target), overwrite=True)
-        except ExportError:
-            raise
-        except Exception as exc:
-            raise ExportError(
-                f"ai-edge-quantizer {scheme} quantization failed: {type(exc).__name__}: "
-                f"{str(exc).splitlines()[0][:200] if str(exc) else ''}"
-            ) from None
-        check_float_outputs(target)
+        write_model(q, scheme, calibration, target)
         artifact = name or Path(out_dir).name
         kept_float = tflite_float_constants(target)
         scopes = [LOGITS_SCOPE, *(layer_scope(layer) for layer in float_layers)]
         require_int8_constants(artifact, tflite_float_constants(target, scopes))
-        quantization = {
-            "tool": "ai-edge-quantizer",
-            "scheme": scheme,
-            "granularity": "per-channel" if per_channel else "per-tensor",
-            "weights": "int8",
-            "activations": {"static": "int8", "dynamic": "dynamic"}.get(scheme, "float"),
-            "op_types": ("all" if full_integer else STATIC_OPS + TABLE_OPS) if scheme == "static" else "all",
-            "calibration": {"samples": sum(len(v) for v in calibration.values()), "method": "minmax"}
-            if scheme == "static" and calibration
-            else None,
-            "float_layers": float_layers,
-            "float_constant_bytes": sum(kept_float.values()),
-        }
+        quantization = quantization_record(
+            scheme, per_channel, full_integer, calibration, float_layers, kept_float
+        )
+        fallbacks = (
+            write_fallbacks(
+                float_dir, folder, profile, scheme, per_channel, float_layers, calibration, full_integer
+            )
+            if profile is not None
+            else []
+        )
+        diverted = {entry["interpreter"] for entry in fallbacks}
+        named = profile.interpreters if profile is not None else ["ai_edge_litert"]
+        runtime = runtime_contract(
+            target, [i for i in named if i not in diverted], profile.name if profile else artifact
+        )
         manifest = derive_artifact(float_dir, folder, name=artifact, quantization=quantization)
+        # the float source's runtime contract is its own; this folder's models get theirs
+        manifest = {
+            **{k: v for k, v in manifest.items() if k != "files"},
+            "runtime": runtime,
+            **({"fallbacks": fallbacks} if fallbacks else {}),
+            "files": manifest["files"],
+        }
+        write_json_atomic(folder / "manifest.json", manifest)
     return manifest

@@ -28,6 +28,8 @@ from typing import Any
 import numpy as np
 
 MODEL_FILES = {"tflite": "model.tflite", "onnx": "model.onnx"}
+TFLITE_MODULES = {"ai_edge_litert": "ai-edge-litert", "tflite_runtime": "tflite-runtime"}
+"""TFLite interpreter modules in the order the runner tries them, with their pip distributions."""
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
 PAD_TOKENS = ("[PAD]", "<pad>", "<|pad|>")
 ONNX_DTYPES = {"tensor(int64)": np.int64, "tensor(int32)": np.int32}
@@ -146,7 +148,32 @@ def check_manifest(path: Path, manifest: Any) -> dict[str, Any]:
         raise RunnerError(f"{path}: 'threads' must be a positive integer; {fix}")
     if not isinstance(manifest.get("task") or {}, dict):
         raise RunnerError(f"{path}: 'task' must be an object; {fix}")
+    check_fallbacks(path, manifest, fix)
     return manifest
+
+
+def check_fallbacks(path: Path, manifest: dict[str, Any], fix: str) -> None:
+    """``fallbacks``: second .tflite models, each a listed file (so its sha256 is checked) for one
+    interpreter below one version."""
+    fallbacks = manifest.get("fallbacks", [])
+    if not isinstance(fallbacks, list) or (fallbacks and manifest["format"] != "tflite"):
+        raise RunnerError(f"{path}: 'fallbacks' must be a list, and only a TFLite model has them; {fix}")
+    listed = {entry.get("path") for entry in manifest["files"]}
+    for index, entry in enumerate(fallbacks):
+        where = f"{path}: fallbacks[{index}]"
+        if not isinstance(entry, dict):
+            raise RunnerError(f"{where} must be an object; {fix}")
+        rel = entry.get("path")
+        if not inside(rel) or not str(rel).endswith(".tflite"):
+            raise RunnerError(
+                f"{where}: model path {rel!r} is not a .tflite file inside the folder; refusing it"
+            )
+        if rel not in listed:
+            raise RunnerError(f"{where}: {rel!r} is not listed in 'files' (no sha256 to check); {fix}")
+        if entry.get("interpreter") not in TFLITE_MODULES:
+            raise RunnerError(f"{where}: 'interpreter' must be one of {list(TFLITE_MODULES)}; {fix}")
+        if not isinstance(entry.get("below"), str) or version_tuple(entry["below"]) is None:
+            raise RunnerError(f"{where}: 'below' must be a version such as \"2.15\"; {fix}")
 
 
 def read_manifest(folder: Path) -> dict[str, Any]:
@@ -194,13 +221,32 @@ def package_version(distribution: str, module_name: str) -> str:
         return str(getattr(sys.modules.get(module_name), "__version__", "unknown"))
 
 
+def version_tuple(version: str) -> tuple[int, ...] | None:
+    """The leading release numbers of a version string ("2.14.0rc1" -> (2, 14, 0)); None if it has none."""
+    match = re.match(r"[0-9]+(?:\.[0-9]+)*", version)
+    return tuple(int(part) for part in match.group(0).split(".")) if match else None
+
+
+def choose_model(manifest: dict[str, Any], interpreter: str, version: str) -> tuple[str, str]:
+    """The model file this interpreter runs correctly, and why: a fallback whose interpreter this is and
+    whose ``below`` this version is under (an unreadable version takes the fallback too), else the primary."""
+    found = version_tuple(version)
+    for entry in manifest.get("fallbacks", []):
+        if entry["interpreter"] == interpreter and (found is None or found < version_tuple(entry["below"])):
+            scheme = f"{entry['scheme']} " if isinstance(entry.get("scheme"), str) else ""
+            return entry["path"], (
+                f"its {scheme}model for {interpreter} < {entry['below']}, not {MODEL_FILES['tflite']}: "
+                f"{str(entry.get('reason') or 'see manifest.json').strip()}"
+            )
+    quantization = manifest.get("quantization") if isinstance(manifest.get("quantization"), dict) else {}
+    what = " ".join(str(quantization[k]) for k in ("scheme", "granularity") if quantization.get(k))
+    return MODEL_FILES[manifest["format"]], f"its primary model{f' ({what})' if what else ''}"
+
+
 def tflite_interpreter() -> tuple[Any, str, str]:
     """The Interpreter class: ai_edge_litert (current LiteRT) first, tflite_runtime 2.14 on older boards."""
     reasons = []
-    for module_name, distribution in (
-        ("ai_edge_litert", "ai-edge-litert"),
-        ("tflite_runtime", "tflite-runtime"),
-    ):
+    for module_name, distribution in TFLITE_MODULES.items():
         try:
             module = importlib.import_module(f"{module_name}.interpreter")
         except ImportError as exc:
@@ -232,8 +278,8 @@ def pick_output(model: Path, names: list[str]) -> str:
 class TFLiteSession:
     """One signature per fixed sequence length; inputs have fixed shapes, usually int32 and batch 1."""
 
-    def __init__(self, model: Path, threads: int):
-        interpreter_cls, self.interpreter, self.interpreter_version = tflite_interpreter()
+    def __init__(self, model: Path, threads: int, found: tuple[Any, str, str] | None = None):
+        interpreter_cls, self.interpreter, self.interpreter_version = found or tflite_interpreter()
         self.threads = threads
         try:
             interpreter = interpreter_cls(model_path=str(model), num_threads=threads)
@@ -397,11 +443,20 @@ class Runner:
     """A verified artifact ready to predict: its tokenizer, label names and one interpreter session."""
 
     def __init__(
-        self, folder: Path, manifest: dict[str, Any], session: Any, encoder: Encoder, labels: list[str]
+        self,
+        folder: Path,
+        manifest: dict[str, Any],
+        session: Any,
+        encoder: Encoder,
+        labels: list[str],
+        model: str | None = None,
+        why: str = "its primary model",
     ):
         self.folder, self.manifest, self.session, self.encoder = folder, manifest, session, encoder
         self.labels = labels
-        self.model = folder / MODEL_FILES[manifest["format"]]
+        self.model = folder / (model or MODEL_FILES[manifest["format"]])
+        self.why = why
+        """Why this model file runs: the primary, or the fallback for this interpreter (and the reason)."""
         self.threads: int = session.threads
         self.text_pair = bool((manifest.get("task") or {}).get("text_pair", False))
 
@@ -464,6 +519,7 @@ class Runner:
             "sequence_lengths": self.session.lengths,
             "labels": self.labels,
             "text_pair": self.text_pair,
+            "model": self.model.relative_to(self.folder).as_posix(),
             "model_sha256": sha256_file(self.model),
             "model_bytes": self.model.stat().st_size,
             "interpreter": {"name": self.session.interpreter, "version": self.session.interpreter_version},
@@ -489,7 +545,7 @@ class Runner:
             "artifact": described.pop("name"),
             **{
                 key: described[key]
-                for key in ("target", "format", "precision", "model_sha256", "model_bytes")
+                for key in ("target", "format", "precision", "model", "model_sha256", "model_bytes")
             },
             "interpreter": described["interpreter"],
             "threads": self.threads,
@@ -517,22 +573,42 @@ def read_labels(path: Path) -> list[str]:
     return labels
 
 
-def load(artifact_dir: str | Path, *, verify: bool = True, threads: int | None = None) -> Runner:
-    """Open an artifact or bundle folder; with verify, every file's sha256 is checked before loading."""
+def load(
+    artifact_dir: str | Path, *, verify: bool = True, threads: int | None = None, model: str | None = None
+) -> Runner:
+    """Open an artifact or bundle folder; with verify, every file's sha256 is checked before loading.
+
+    A TFLite folder may hold a fallback model for an interpreter that computes the primary one wrongly
+    (manifest ``fallbacks``); the installed interpreter picks its model unless ``model`` names one."""
     folder = Path(artifact_dir)
     manifest = read_manifest(folder)
     if verify:
         verify_files(folder, manifest)
-    model = folder / MODEL_FILES[manifest["format"]]
-    if not model.is_file():
-        raise RunnerError(f"{model}: missing; copy the whole bundle again")
     labels = read_labels(folder / "labels.json")
     if threads is not None and threads < 1:
         raise RunnerError(f"--threads {threads}: give a positive number of interpreter threads")
     count = int(threads or manifest.get("threads") or os.cpu_count() or 1)
-    session = TFLiteSession(model, count) if manifest["format"] == "tflite" else OnnxSession(model, count)
+    primary = MODEL_FILES[manifest["format"]]
+    known = [primary, *(entry["path"] for entry in manifest.get("fallbacks", []))]
+    if model is not None and model not in known:
+        raise RunnerError(f"{folder / 'manifest.json'}: no model {model!r}; it lists {known}")
+    if manifest["format"] == "tflite":
+        found = tflite_interpreter()
+        chosen, why = choose_model(manifest, found[1], found[2])
+        if model is not None and model != chosen:
+            chosen, why = model, "the model asked for"
+        path = folder / chosen
+        if not path.is_file():
+            raise RunnerError(f"{path}: missing; copy the whole bundle again")
+        session: Any = TFLiteSession(path, count, found)
+    else:
+        chosen, why, path = primary, "its primary model", folder / primary
+        if not path.is_file():
+            raise RunnerError(f"{path}: missing; copy the whole bundle again")
+        session = OnnxSession(path, count)
     max_length = min(manifest["max_length"], max(session.lengths or [manifest["max_length"]]))
-    return Runner(folder, manifest, session, Encoder(folder / "tokenizer.json", max_length), labels)
+    encoder = Encoder(folder / "tokenizer.json", max_length)
+    return Runner(folder, manifest, session, encoder, labels, chosen, why)
 
 
 def read_inputs(path: Path) -> tuple[list[str], list[str] | None]:
@@ -699,6 +775,12 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         runner = load(args.dir, threads=args.threads)
+        session = runner.session
+        print(
+            f"runner: {session.interpreter} {session.interpreter_version} runs "
+            f"{runner.model.name}, {runner.why}",
+            file=sys.stderr,
+        )
         if args.command == "predict":
             run_predict(runner, args)
         elif args.command == "benchmark":

@@ -213,18 +213,27 @@ def quantize_target(
         per_channel=per_channel,
         full_integer=config.full_integer or not profile.quantization.float_fallback,
         name=name,
+        profile=profile,
     )
 
 
 def measure(
-    float_dir: Path, int8_dir: Path, rows: tuple[list[str], list[str] | None, list[int] | None], metric: str
+    float_dir: Path,
+    int8_dir: Path,
+    rows: tuple[list[str], list[str] | None, list[int] | None],
+    metric: str,
+    model: str | None = None,
 ) -> dict[str, Any]:
+    """Agreement of ``int8_dir``'s model (its primary, or fallback file ``model``) with the float source."""
     from compress.quantize import agreement, predict_logits, relative_loss
+    from compress.runtime.runner import load
 
     texts, pairs, labels = rows
-    measured = agreement(
-        predict_logits(float_dir, texts, pairs), predict_logits(int8_dir, texts, pairs), labels
-    )
+    if model is None:
+        got = predict_logits(int8_dir, texts, pairs)
+    else:
+        got = load(int8_dir, threads=2, model=model).predict_logits(texts, pairs, batch_size=32)
+    measured = agreement(predict_logits(float_dir, texts, pairs), got, labels)
     measured["relative_loss"] = relative_loss(measured, metric if labels is not None else "agreement")
     return measured
 
@@ -235,6 +244,18 @@ def record_agreement(folder: Path, manifest: dict[str, Any], measured: dict[str,
 
     manifest["check"] = {**manifest.get("check", {}), "eval": measured}
     write_json_atomic(folder / "manifest.json", manifest)
+
+
+def measure_fallbacks(
+    float_dir: Path, out: Path, manifest: dict[str, Any], rows: Any, metric: str
+) -> dict[str, dict[str, Any]]:
+    """Each fallback model's eval-split agreement with the float source, kept in its manifest entry."""
+    measured = {}
+    for entry in manifest.get("fallbacks", []):
+        if entry["path"] not in measured:
+            measured[entry["path"]] = measure(float_dir, out, rows, metric, model=entry["path"])
+        entry["check"] = {"eval": measured[entry["path"]]}
+    return measured
 
 
 def model_bytes(folder: Path) -> int:
@@ -275,6 +296,7 @@ def run(ctx: StageContext) -> StageResult:
         scheme = schemes[profile.name]
         manifest = quantize_target(ctx, config, profile, float_dir, out, tokenizer, names, scheme, search)
         measured = measure(float_dir, out, rows, config.metric)
+        fallbacks = measure_fallbacks(float_dir, out, manifest, rows, config.metric)
         record_agreement(out, manifest, measured)
         metrics[out.name] = {
             **measured,
@@ -283,12 +305,23 @@ def run(ctx: StageContext) -> StageResult:
             "scheme": scheme,
             "float_layers": manifest["quantization"]["float_layers"],
         }
+        for path, fallback in fallbacks.items():
+            metrics[out.name].setdefault("fallbacks", {})[path] = {
+                **fallback,
+                "bytes": (out / path).stat().st_size,
+            }
     info = {
         "search": search.summary() if search else None,
         "metric": config.metric,
         "tolerable_loss": config.tolerable_loss,
     }
-    missed = {k: m["relative_loss"] for k, m in metrics.items() if m["relative_loss"] > config.tolerable_loss}
+    losses = {k: m["relative_loss"] for k, m in metrics.items()}
+    losses |= {
+        f"{k}/{path}": f["relative_loss"]
+        for k, m in metrics.items()
+        for path, f in m.get("fallbacks", {}).items()
+    }
+    missed = {k: loss for k, loss in losses.items() if loss > config.tolerable_loss}
     if missed and not config.allow_loss_miss:
         worst = max(missed, key=missed.get)
         raise ExportError(

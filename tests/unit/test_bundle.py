@@ -16,6 +16,7 @@ from compress.bundle import make_bundle
 from compress.errors import CompressError
 from compress.io import file_entries, read_json, write_json_atomic
 from tests.helpers.artifacts import cached_artifact
+from tests.helpers.fallbacks import FALLBACK, with_fallback
 
 DEVICE_IMPORTS = {"numpy", "tokenizers", "ai_edge_litert", "tflite_runtime", "onnxruntime"}
 PROFILE = """name: tiny-board
@@ -255,3 +256,59 @@ def test_bundle_carries_a_model_card_with_the_reports_numbers_for_this_model(
     folder = unpack(Path(make_bundle(run, target("onnx"), tmp_path / "c.tar.gz")["path"]), tmp_path / "v")
     meta, body = _card(folder)
     assert "model-index" not in meta and "81.25" not in body and "No report of the run measured" in body
+
+
+def run_with_fallback(root: Path, teacher: Path, artifacts: dict[str, Path], **entry) -> Path:
+    run = fake_run(root, teacher, artifacts, "tflite")
+    folder = with_fallback(artifacts["tflite"], run / "02-export" / "tflite-int8", **entry)
+    manifest = read_json(folder / "manifest.json")
+    manifest.update(
+        name="02-export/tflite-int8", precision="int8", runtime={"ops": [{"op": "ADD", "version": 1}]}
+    )
+    write_json_atomic(folder / "manifest.json", manifest)
+    return run
+
+
+def test_a_tflite_bundle_carries_the_fallback_model_and_says_which_interpreter_runs_it(
+    artifacts, tiny_bert_dir, tmp_path, target
+):
+    run = run_with_fallback(tmp_path / "run", tiny_bert_dir, artifacts)
+    folder = unpack(Path(make_bundle(run, target("tflite"), tmp_path / "b.tar.gz")["path"]), tmp_path / "u")
+    manifest = read_json(folder / "manifest.json")
+    assert {"model.tflite", FALLBACK} <= {entry["path"] for entry in manifest["files"]}
+    assert manifest["fallbacks"][0]["path"] == FALLBACK and manifest["fallbacks"][0]["below"] == "2.15"
+    assert manifest["runtime"] == {"ops": [{"op": "ADD", "version": 1}]}
+    assert f"runs {FALLBACK} (weight-only) under tflite_runtime < 2.15" in (folder / "README.txt").read_text()
+    done = subprocess.run(
+        [sys.executable, str(folder / "runner.py"), "predict", "good phone"], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert "runs model.tflite, its primary model" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ({"path": "other.tflite"}, r"fallback model 'other\.tflite' is not listed in files"),
+        ({"path": "../x.tflite"}, r"'\.\./x\.tflite' leaves its folder"),
+        (
+            {"interpreter": "tensorflow"},
+            r"fallbacks\[0\]\.interpreter: input should be .ai_edge_litert. or .tflite_runtime.",
+        ),
+    ],
+)
+def test_a_fallback_outside_the_artifact_or_unlisted_is_not_bundled(
+    artifacts, tiny_bert_dir, tmp_path, target, entry, message
+):
+    run = run_with_fallback(tmp_path / "run", tiny_bert_dir, artifacts, **entry)
+    with pytest.raises(CompressError, match=message) as info:
+        make_bundle(run, target("tflite"), tmp_path / "b.tar.gz")
+    assert "\n" not in str(info.value)
+    assert not (tmp_path / "b.tar.gz").exists()
+
+
+def test_a_changed_fallback_model_is_not_bundled(artifacts, tiny_bert_dir, tmp_path, target):
+    run = run_with_fallback(tmp_path / "run", tiny_bert_dir, artifacts)
+    (run / "02-export" / "tflite-int8" / FALLBACK).write_bytes(b"TFL3 changed")
+    with pytest.raises(CompressError, match=rf"{FALLBACK}: missing or changed since export"):
+        make_bundle(run, target("tflite"), tmp_path / "b.tar.gz")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from compress.errors import ExportError, RecipeError
@@ -167,6 +169,20 @@ def test_a_scheme_per_target_ships_weight_only_tflite_beside_dynamic_onnx(tmp_pa
     assert quantization["granularity"] == "per-channel" and quantization["activations"] == "float"
 
 
+@pytest.mark.slow
+def test_the_pi_gets_dynamic_int8_and_a_measured_weight_only_fallback(tmp_path, tiny_bert_dir, reviews):
+    result = run_tiny(tmp_path, tiny_bert_dir, reviews, "  - type: quantize\n", targets="raspberry-pi-4")
+    stage = next(s for s in result.stages if s.type == "quantize")
+    metrics = read_json(stage.dir / "manifest.json")["metrics"]["artifacts"]["raspberry-pi-4-int8"]
+    assert metrics["scheme"] == "dynamic"
+    fallback = metrics["fallbacks"]["fallback-weight-only.tflite"]
+    assert fallback["samples"] == metrics["samples"] and fallback["agreement"] >= 0.99
+    assert metrics["bytes"] == (stage.dir / "raspberry-pi-4-int8" / "model.tflite").stat().st_size
+    manifest = read_json(stage.dir / "raspberry-pi-4-int8" / "manifest.json")
+    assert manifest["quantization"]["granularity"] == "per-channel"
+    assert manifest["fallbacks"][0]["check"]["eval"]["agreement"] == fallback["agreement"]
+
+
 def test_a_scheme_for_a_target_the_stage_does_not_quantize_is_an_error(tmp_path, tiny_bert_dir, reviews):
     stage_yaml = "  - type: quantize\n    scheme: {arm64-onnx: dynamic, android-arm64: dynamic}\n"
     with pytest.raises(RecipeError, match="'android-arm64' is not a target of this stage"):
@@ -206,3 +222,32 @@ def test_op_types_that_leave_the_tables_float_are_float_on_purpose(
     stage = next(s for s in result.stages if s.type == "quantize")
     quantization = read_json(stage.dir / "arm64-onnx-int8" / "manifest.json")["quantization"]
     assert quantization["float_constant_bytes"] > 0  # the word table, which no chosen op type reads
+
+
+@pytest.mark.parametrize("recipe", ["distil8.yaml", "share8.yaml"])
+def test_the_shipped_recipes_give_the_pi_dynamic_int8_with_its_fallback(recipe):
+    from compress.recipe import load_recipe
+    from compress.targets import load_target
+
+    loaded = load_recipe(Path(__file__).resolve().parents[2] / "recipes" / recipe)
+    (stage,) = [s for s in loaded.stages if s.type == "quantize"]
+    schemes = schemes_by_target(stage, list(loaded.targets))
+    assert schemes["raspberry-pi-4"] == "dynamic"
+    pi = load_target("raspberry-pi-4")
+    check_scheme(pi, stage, "dynamic")
+    assert [(r.interpreter, r.scheme) for r in pi.fallbacks_for("dynamic")] == [
+        ("tflite_runtime", "weight-only")
+    ]
+    assert pi.quantization.granularity == "per-channel"
+
+
+def test_a_fallback_with_a_scheme_it_computes_wrongly_is_refused():
+    rule = {
+        "interpreter": "tflite_runtime",
+        "below": "2.15",
+        "schemes": ["dynamic"],
+        "scheme": "dynamic",
+        "reason": "x",
+    }
+    with pytest.raises(ValueError, match="gets scheme dynamic, one of the schemes it computes wrongly"):
+        board(["dynamic"]).quantization.model_validate({"fallbacks": [rule]})

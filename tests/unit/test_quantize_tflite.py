@@ -13,7 +13,7 @@ from compress.export.tflite import export_tflite
 from compress.models import load_classifier
 from compress.quantize import predict_logits
 from compress.quantize.tflite import layer_scope, quantize_tflite, signature_feeds
-from compress.targets import TargetProfile
+from compress.targets import TargetProfile, load_target
 
 TENSOR = (
     "compress.export.Classifier/transformers.models.bert.modeling_bert.BertForSequenceClassification_model/"
@@ -148,3 +148,96 @@ def test_static_quantizes_matmuls_unless_full_integer_is_asked(tmp_path, tiny_tf
     assert int8_tensor_count(tmp_path / "full" / "model.tflite") > int8_tensor_count(
         tmp_path / "mm" / "model.tflite"
     )
+
+
+def op_names(path) -> set[str]:
+    from ai_edge_litert.interpreter import Interpreter
+
+    return {op["op_name"] for op in Interpreter(model_path=str(path))._get_ops_details()}
+
+
+def test_the_op_contract_lists_every_op_of_a_real_exported_model(tiny_tflite):
+    from compress.export.tflite import tflite_ops
+    from compress.io import read_json
+
+    float_dir, _ = tiny_tflite
+    ops = tflite_ops(float_dir / "model.tflite")
+    # the interpreter's own list of the ops it loaded: the same names, each with a version
+    assert {entry["op"] for entry in ops} == op_names(float_dir / "model.tflite")
+    assert {"FULLY_CONNECTED", "BATCH_MATMUL"} <= {entry["op"] for entry in ops}
+    assert all(isinstance(entry["version"], int) and entry["version"] >= 1 for entry in ops)
+    runtime = read_json(float_dir / "manifest.json")["runtime"]
+    assert runtime["ops"] == ops
+    assert runtime["loaded_at_export"][0]["interpreter"] == "ai_edge_litert"
+    assert runtime["loaded_at_export"][0]["loaded"] is True
+
+
+def pi_profile() -> TargetProfile:
+    """The stock Raspberry Pi 4 profile at the tiny artifact's lengths."""
+    return load_target("raspberry-pi-4").model_copy(update={"sequence_lengths": [16, 32]})
+
+
+def test_the_pi_default_is_dynamic_int8_with_a_weight_only_fallback_for_tflite_runtime(tmp_path, tiny_tflite):
+    from compress.io import file_entries
+    from compress.stages.quantize import QuantizeConfig
+
+    float_dir, _ = tiny_tflite
+    profile = pi_profile()
+    scheme = QuantizeConfig().scheme
+    assert scheme == "dynamic" and profile.quantization.granularity == "per-channel"
+    manifest = quantize_tflite(float_dir, tmp_path / "pi", scheme=scheme, per_channel=True, profile=profile)
+    assert manifest["quantization"]["scheme"] == "dynamic"
+    assert manifest["quantization"]["activations"] == "dynamic"
+    (fallback,) = manifest["fallbacks"]
+    assert fallback["path"] == "fallback-weight-only.tflite" and fallback["scheme"] == "weight-only"
+    assert fallback["interpreter"] == "tflite_runtime" and fallback["below"] == "2.15"
+    assert "all-zero logits" in fallback["reason"]
+    assert fallback["quantization"]["activations"] == "float"
+    assert manifest["files"] == file_entries(tmp_path / "pi")
+    assert "fallback-weight-only.tflite" in {entry["path"] for entry in manifest["files"]}
+    # the primary computes its matmuls in int8; the fallback dequantizes its weights and computes in float
+    primary_ops = {entry["op"] for entry in manifest["runtime"]["ops"]}
+    fallback_ops = {entry["op"] for entry in fallback["runtime"]["ops"]}
+    assert primary_ops == op_names(tmp_path / "pi" / "model.tflite")
+    assert "DEQUANTIZE" in fallback_ops and "DEQUANTIZE" not in primary_ops
+    assert [e["interpreter"] for e in manifest["runtime"]["loaded_at_export"]] == ["ai_edge_litert"]
+    assert [e["interpreter"] for e in fallback["runtime"]["loaded_at_export"]] == ["tflite_runtime"]
+    got = predict_logits(tmp_path / "pi", SAMPLE_TEXTS, None)  # ai_edge_litert: the primary
+    ref = predict_logits(float_dir, SAMPLE_TEXTS, None)
+    assert np.abs(got - ref).max() < 0.05
+
+
+def test_weight_only_primary_needs_no_fallback(tmp_path, tiny_tflite):
+    float_dir, _ = tiny_tflite
+    manifest = quantize_tflite(float_dir, tmp_path / "wo", scheme="weight-only", profile=pi_profile())
+    assert "fallbacks" not in manifest
+    assert not list((tmp_path / "wo").glob("fallback-*"))
+
+
+def test_an_op_the_targets_runtime_cannot_load_fails_quantize_in_one_line(tmp_path, tiny_tflite, monkeypatch):
+    import sys
+    import types
+
+    class Old:
+        """How tflite-runtime refuses an op version newer than its kernels."""
+
+        def __init__(self, model_path: str):
+            raise ValueError(
+                "Didn't find op for builtin opcode 'FULLY_CONNECTED' version '12'. An older version of this "
+                "builtin might be supported. Are you using an old TFLite binary with a newer model?\n"
+                "Registration failed.\n"
+            )
+
+    fake = types.ModuleType("tflite_runtime.interpreter")
+    fake.Interpreter = Old
+    monkeypatch.setitem(sys.modules, "tflite_runtime", types.ModuleType("tflite_runtime"))
+    monkeypatch.setitem(sys.modules, "tflite_runtime.interpreter", fake)
+    float_dir, _ = tiny_tflite
+    with pytest.raises(
+        ExportError,
+        match=r"fallback-weight-only\.tflite: op FULLY_CONNECTED version 12 cannot run on tflite_runtime .*"
+        r"target 'raspberry-pi-4' names",
+    ) as info:
+        quantize_tflite(float_dir, tmp_path / "pi", scheme="dynamic", profile=pi_profile())
+    assert "\n" not in str(info.value)
+    assert not (tmp_path / "pi").exists()

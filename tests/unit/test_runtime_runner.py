@@ -13,6 +13,7 @@ import pytest
 
 from compress.runtime import runner as rt
 from tests.helpers.artifacts import cached_artifact
+from tests.helpers.fallbacks import FALLBACK, with_fallback
 
 TEXTS = ["the phone was really good", "awful service and rude staff", "a bland meal"]
 
@@ -188,3 +189,84 @@ def test_benchmark_writes_the_device_results_format(artifacts: dict[str, Path], 
     assert set(result["latency_ms"]) == {"p50", "p90", "p99", "mean", "min", "max"}
     assert result["interpreter"]["name"] == "ai_edge_litert"
     assert {"machine", "cpu_model", "cpu_count"} <= set(result["device"])
+
+
+def fake_tflite_runtime(monkeypatch: pytest.MonkeyPatch, version: str) -> None:
+    """Only tflite_runtime ``version`` is installed (LiteRT's Interpreter class under its name)."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    fake = types.ModuleType("tflite_runtime.interpreter")
+    fake.Interpreter = Interpreter
+    package = types.ModuleType("tflite_runtime")
+    package.__version__ = version
+    monkeypatch.setitem(sys.modules, "ai_edge_litert", None)
+    monkeypatch.setitem(sys.modules, "ai_edge_litert.interpreter", None)
+    monkeypatch.setitem(sys.modules, "tflite_runtime", package)
+    monkeypatch.setitem(sys.modules, "tflite_runtime.interpreter", fake)
+
+
+@pytest.mark.parametrize(
+    ("installed", "expected"),
+    [("2.14.0", FALLBACK), ("2.13.1", FALLBACK), ("2.15.0", "model.tflite"), (None, "model.tflite")],
+)
+def test_the_runner_picks_the_model_its_interpreter_runs_correctly_and_says_which(
+    artifacts, tmp_path, monkeypatch, capsys, installed, expected
+):
+    folder = with_fallback(artifacts["tflite"], tmp_path / "pi")
+    if installed is not None:
+        fake_tflite_runtime(monkeypatch, installed)
+    runner = rt.load(folder)
+    assert runner.model.name == expected and runner.describe()["model"] == expected
+    assert rt.main(["--dir", str(folder), "predict", "good phone"]) == 0
+    said = capsys.readouterr().err.strip()
+    interpreter = "tflite_runtime" if installed else "ai_edge_litert"
+    assert said.startswith(f"runner: {interpreter} {installed or ''}".rstrip() + " ")
+    assert f"runs {expected}, " in said
+    assert ("computes dynamic int8 wrongly" in said) == (expected == FALLBACK)
+
+
+def test_an_unreadable_tflite_runtime_version_takes_the_fallback(artifacts, tmp_path, monkeypatch):
+    folder = with_fallback(artifacts["tflite"], tmp_path / "pi")
+    fake_tflite_runtime(monkeypatch, "unknown")
+    assert rt.load(folder).model.name == FALLBACK
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        (
+            {"path": "../fallback.tflite"},
+            r"fallbacks\[0\]: model path '\.\./fallback\.tflite' is not a \.tflite file inside",
+        ),
+        ({"path": "/tmp/fallback.tflite"}, r"is not a \.tflite file inside the folder; refusing it"),
+        ({"path": "labels.json"}, r"'labels\.json' is not a \.tflite file inside"),
+        ({"path": "other.tflite"}, r"'other\.tflite' is not listed in 'files'"),
+        ({"below": "newest"}, r"'below' must be a version"),
+        ({"interpreter": "tensorflow"}, r"'interpreter' must be one of"),
+    ],
+)
+def test_a_fallback_outside_the_folder_or_unlisted_is_refused_in_one_line(
+    artifacts, tmp_path, entry, message
+):
+    folder = with_fallback(artifacts["tflite"], tmp_path / "pi", **entry)
+    with pytest.raises(rt.RunnerError, match=message) as info:
+        rt.load(folder)
+    assert "\n" not in str(info.value)
+
+
+def test_a_changed_fallback_model_is_refused_before_any_interpreter_loads(artifacts, tmp_path, monkeypatch):
+    folder = with_fallback(artifacts["tflite"], tmp_path / "pi")
+    data = bytearray((folder / FALLBACK).read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (folder / FALLBACK).write_bytes(bytes(data))
+    monkeypatch.setattr(rt, "tflite_interpreter", lambda: pytest.fail("an interpreter was loaded"))
+    with pytest.raises(rt.RunnerError, match=rf"{FALLBACK}: sha256 differs from manifest\.json") as info:
+        rt.load(folder)
+    assert "\n" not in str(info.value)
+
+
+def test_a_named_model_runs_whatever_the_interpreter_would_pick(artifacts, tmp_path):
+    folder = with_fallback(artifacts["tflite"], tmp_path / "pi")
+    assert rt.load(folder, model=FALLBACK).model.name == FALLBACK
+    with pytest.raises(rt.RunnerError, match=r"no model 'x\.tflite'; it lists \['model\.tflite', "):
+        rt.load(folder, model="x.tflite")
