@@ -16,15 +16,24 @@ class LossWeights(Strict):
     hard: float = Field(0.0, ge=0)
     hidden: float = Field(0.0, ge=0)
     attention: float = Field(0.0, ge=0)
+    relation: float = Field(0.0, ge=0)
+    """MiniLM's self-attention relations (``relation`` options)."""
     mlm: float = Field(0.0, ge=0)
 
     @model_validator(mode="after")
     def _something_to_learn(self) -> LossWeights:
         if not any(getattr(self, k) > 0 for k in type(self).model_fields):
             raise ValueError(
-                "every loss weight is 0; give at least one of soft, hard, hidden, attention, mlm > 0"
+                "every loss weight is 0; give at least one of "
+                "soft, hard, hidden, attention, relation, mlm > 0"
             )
         return self
+
+
+INTERMEDIATE_TERMS = ("hidden", "attention", "relation")
+"""Terms on the student's inner layers: TinyBERT's first step when ``intermediate_epochs`` > 0."""
+PREDICTION_TERMS = ("soft", "hard", "mlm")
+"""Terms on the student's outputs: TinyBERT's second step."""
 
 
 class HiddenOptions(Strict):
@@ -33,6 +42,37 @@ class HiddenOptions(Strict):
     Default: uniform, student m <-> teacher m * L_teacher / L_student (last aligns with last)."""
     metric: Literal["cosine", "mse"] = "cosine"
     include_embeddings: bool = False
+
+
+class RelationOptions(Strict):
+    """MiniLM's self-attention relation transfer (Wang et al. 2020, 2021): for one teacher layer and one
+    student layer, the scaled dot products of the queries with the queries (and keys with keys, values
+    with values), softmaxed over the real tokens, become distributions the student matches by KL. The
+    relations are token x token, so the student's width and head count need not match the teacher's."""
+
+    teacher_layer: int | None = None
+    """Teacher layer (1 = the first; -1 or null = the last)."""
+    student_layer: int | None = None
+    """Student layer (1 = the first; -1 or null = the last)."""
+    relation_heads: int | None = Field(None, gt=0)
+    """Heads the query/key/value vectors are split into (MiniLMv2: may differ from the models' attention
+    heads); must divide both models' widths. Default: the teacher's attention heads."""
+    relations: list[Literal["query", "key", "value"]] = Field(
+        default_factory=lambda: ["query", "key", "value"], min_length=1
+    )
+    """Which self-relations to match: query-query, key-key, value-value (MiniLMv2 uses all three)."""
+
+    @model_validator(mode="after")
+    def _layers_and_relations(self) -> RelationOptions:
+        for name in ("teacher_layer", "student_layer"):
+            value = getattr(self, name)
+            if value is not None and value < 1 and value != -1:
+                raise ValueError(
+                    f"{name}: {value} is not a layer; layers count from 1 (-1 or null = the last)"
+                )
+        if len(set(self.relations)) != len(self.relations):
+            raise ValueError(f"relations: {self.relations} lists a relation twice; give each at most once")
+        return self
 
 
 class MlmOptions(Strict):
@@ -103,6 +143,11 @@ class UnlabelledData(Strict):
 
 class DistillOptions(Strict):
     epochs: int = Field(3, gt=0)
+    intermediate_epochs: int = Field(0, ge=0)
+    """TinyBERT's two steps: the first N epochs train only the intermediate terms (hidden, attention,
+    relation), the remaining ``epochs - N`` only the prediction terms (soft, hard, mlm), each step with
+    its own optimiser and warm-up/decay schedule. The best epoch and patience count in the second step
+    only. 0 = every term from the first epoch."""
     batch_size: int = Field(32, gt=0)
     eval_batch_size: int = Field(64, gt=0)
     group_by_length: bool = True
@@ -118,6 +163,30 @@ class DistillOptions(Strict):
     """Default: the recipe's task.max_length."""
     weights: LossWeights = Field(default_factory=LossWeights)
     hidden: HiddenOptions = Field(default_factory=HiddenOptions)
+    relation: RelationOptions = Field(default_factory=RelationOptions)
     mlm: MlmOptions = Field(default_factory=MlmOptions)
     augment: AugmentOptions | None = None
     unlabelled: UnlabelledData | None = None
+
+    @model_validator(mode="after")
+    def _two_steps(self) -> DistillOptions:
+        n = self.intermediate_epochs
+        if n == 0:
+            return self
+        if n >= self.epochs:
+            raise ValueError(
+                f"intermediate_epochs: {n} leaves no epoch for the prediction terms; "
+                f"set it below epochs ({self.epochs}) or raise epochs"
+            )
+        if not any(getattr(self.weights, k) > 0 for k in INTERMEDIATE_TERMS):
+            raise ValueError(
+                f"intermediate_epochs: {n} epochs would train only hidden, attention and relation, but "
+                "their weights are all 0; give weights.relation (or hidden, attention) > 0, "
+                "or set intermediate_epochs: 0"
+            )
+        if not any(getattr(self.weights, k) > 0 for k in PREDICTION_TERMS):
+            raise ValueError(
+                "intermediate_epochs: the epochs after them train only soft, hard and mlm, but their weights "
+                "are all 0; give weights.soft (or hard, mlm) > 0, or set intermediate_epochs: 0"
+            )
+        return self

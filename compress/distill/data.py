@@ -15,7 +15,7 @@ import torch
 from compress.data import Split, load_file
 from compress.distill.augment import augment_split
 from compress.distill.config import DistillOptions
-from compress.distill.objective import layer_map
+from compress.distill.objective import RelationLayers, frozen_projections, layer_map, relation_layers
 from compress.distill.transfer import TeacherOutputs, combine, real_lengths, teacher_outputs
 from compress.errors import DataError
 from compress.models import folder_weights_sha, load_classifier
@@ -36,6 +36,9 @@ class TransferData:
     teacher_accuracy: float | None
     teacher_width: int
     pairs: list[tuple[int, int]]
+    relation: tuple[RelationLayers, torch.nn.ModuleDict] | None = None
+    """With ``weights.relation`` > 0: the resolved layers and the teacher layer's frozen projections,
+    applied to its cached input (hidden state ``teacher - 1``)."""
     info: dict[str, Any] = field(default_factory=dict)
 
 
@@ -78,7 +81,7 @@ def student_encoding(
     ):
         raise DataError(
             "distill: the student's tokenizer splits text differently from the teacher's; "
-            "hidden and attention losses need the same tokens (set their weights to 0)"
+            "hidden, attention and relation losses need the same tokens (set their weights to 0)"
         )
     return enc
 
@@ -99,6 +102,11 @@ def prepare_transfer(
     )
     pairs = layer_map(options, student.config.num_hidden_layers, teacher.config.num_hidden_layers)
     hidden_layers = [t for _, t in pairs] if weights.hidden > 0 else []
+    relation = None
+    if weights.relation > 0:
+        layers = relation_layers(options, student, teacher)
+        relation = (layers, frozen_projections(teacher, layers))
+        hidden_layers = sorted({*hidden_layers, layers.teacher - 1})
     attention_layers = [t for s, t in pairs if s > 0 and t > 0] if weights.attention > 0 else []
     token_level = bool(hidden_layers or attention_layers)
     max_length = options.max_length or recipe.task.max_length
@@ -142,11 +150,13 @@ def prepare_transfer(
         teacher_accuracy=classification_metrics(eval_logits, evals.labels).get("accuracy"),
         teacher_width=teacher.config.hidden_size,
         pairs=pairs,
+        relation=relation,
         info={
             "transfer_rows": len(transfer),
             "labelled_rows": labelled,
             "max_length": max_length,
             "teacher_sha": teacher_sha,
             "cached_teacher_layers": {"hidden": hidden_layers, "attentions": attention_layers},
+            **({"relation": relation[0].to_json()} if relation is not None else {}),
         },
     )

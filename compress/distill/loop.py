@@ -14,13 +14,14 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from compress.distill.config import DistillOptions
+from compress.distill.config import INTERMEDIATE_TERMS, DistillOptions
 from compress.distill.data import TransferData
 from compress.distill.losses import Masker
+from compress.distill.objective import DistillModule, Phase
 from compress.errors import TrainingError
 from compress.io import atomic_dir
 from compress.models import save_checkpoint
-from compress.training import check_finite, classification_metrics, predict_logits
+from compress.training import check_finite, classification_metrics, optimizer_and_schedule, predict_logits
 
 
 def evaluate(student: Any, data: TransferData, batch_size: int) -> dict[str, float]:
@@ -92,14 +93,30 @@ class Loop:
     model: Any
     """The (possibly DDP-wrapped) ``DistillModule``."""
     loader: Any
-    optimizer: Any
-    schedule: Any
     accelerator: Any
     data: TransferData
     options: DistillOptions
     best: BestKeeper
     masking: Callable[[dict[str, torch.Tensor]], Any]
     """batch -> (masked ids, MLM labels) or None."""
+    optimizer: Any = None
+    schedule: Any = None
+    layers: bool = True
+    """Whether the terms being trained read the teacher's hidden states or attention maps."""
+
+    def start(self, module: DistillModule, phase: Phase) -> None:
+        """Train ``phase``'s terms from here on, with a fresh optimiser and a warm-up/decay schedule
+        over the phase's own steps (TinyBERT's two steps are two trainings in a row)."""
+        module.active = phase.terms
+        self.layers = any(term in INTERMEDIATE_TERMS for term in phase.terms)
+        optimizer, self.schedule = optimizer_and_schedule(
+            module,
+            lr=self.options.lr,
+            weight_decay=self.options.weight_decay,
+            warmup_ratio=self.options.warmup_ratio,
+            total_steps=phase.epochs * len(self.loader),
+        )
+        self.optimizer = self.accelerator.prepare(optimizer)
 
     def epoch(self, label: str) -> dict[str, float]:
         """One pass over the transfer set; each loss term's mean (averaged over processes)."""
@@ -109,7 +126,7 @@ class Loop:
         bar = tqdm(self.loader, desc=label, disable=not acc.is_main_process, leave=False)
         for batch in bar:
             length = int(batch["attention_mask"].sum(dim=1).max())
-            target = to_device(self.data.targets.batch(batch["index"], length), acc.device)
+            target = to_device(self.data.targets.batch(batch["index"], length, self.layers), acc.device)
             terms = self.model(batch, target, self.masking(batch))
             total = acc.reduce(terms["total"].detach().clone(), "mean")
             self.best.check(total)

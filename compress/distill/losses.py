@@ -1,4 +1,4 @@
-"""The distillation loss terms (DistilBERT, TinyBERT) and the masked-LM objective.
+"""The distillation loss terms (DistilBERT, TinyBERT, MiniLM) and the masked-LM objective.
 
 Every term is a pure function of tensors so it can be checked by hand on tiny inputs. Token-level
 terms average over real tokens only: padding must not pull a student toward anything.
@@ -6,6 +6,7 @@ terms average over real tokens only: padding must not pull a student toward anyt
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -77,6 +78,42 @@ def attention_mse(
         diff = (a_s - teacher[t].to(a_s.dtype)) ** 2
         mask = pairs.expand_as(diff)
         losses.append((diff * mask).sum() / mask.sum().clamp(min=1))
+    return torch.stack(losses).mean()
+
+
+def log_self_relation(x: torch.Tensor, heads: int, real: torch.Tensor) -> torch.Tensor:
+    """log softmax(X_h X_hᵀ / sqrt(d_h)) over the real keys, per head: (B, T, W) -> (B, heads, T, T).
+
+    Padded keys get the dtype's lowest value rather than -inf, so that padded query rows (no real key)
+    stay finite and cannot send NaN gradients back through the softmax.
+    """
+    b, t, width = x.shape
+    d = width // heads
+    x = x.float().reshape(b, t, heads, d).transpose(1, 2)
+    scores = x @ x.transpose(-1, -2) / math.sqrt(d)
+    scores = scores.masked_fill(~real[:, None, None, :], torch.finfo(scores.dtype).min)
+    return F.log_softmax(scores, dim=-1)
+
+
+def relation_kl(
+    student: dict[str, torch.Tensor],
+    teacher: dict[str, torch.Tensor],
+    attention_mask: torch.Tensor,
+    heads: int,
+) -> torch.Tensor:
+    """MiniLM(v2)'s self-attention relation transfer: KL(teacher relation || student relation).
+
+    ``student`` / ``teacher`` map a relation name (query, key, value) to that layer's projections
+    (B, T, width); the two widths may differ, each is split into ``heads`` relation heads. The KL of each
+    real query row is summed over the real keys, then averaged over heads, real rows and relations.
+    """
+    real = attention_mask.bool()
+    losses = []
+    for name, s in student.items():
+        log_s = log_self_relation(s, heads, real)
+        log_t = log_self_relation(teacher[name], heads, real)
+        kl = (log_t.exp() * (log_t - log_s)).masked_fill(~real[:, None, None, :], 0.0).sum(-1)
+        losses.append(_masked_mean(kl.mean(dim=1), real))
     return torch.stack(losses).mean()
 
 

@@ -3,14 +3,149 @@ its weighted loss terms, so data-parallel training syncs every trainable tensor 
 
 from __future__ import annotations
 
+import copy
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from compress.distill.config import DistillOptions
-from compress.distill.losses import attention_mse, hard_ce, hidden_alignment, mlm_loss, mlm_model, soft_kl
-from compress.errors import RecipeError
+from compress.distill.config import INTERMEDIATE_TERMS, PREDICTION_TERMS, DistillOptions
+from compress.distill.losses import (
+    attention_mse,
+    hard_ce,
+    hidden_alignment,
+    mlm_loss,
+    mlm_model,
+    relation_kl,
+    soft_kl,
+)
+from compress.errors import ModelError, RecipeError
 from compress.training import forward_inputs
+
+PROJECTIONS = (("attention.self", ("query", "key", "value")), ("attention", ("q_lin", "k_lin", "v_lin")))
+"""Where a layer keeps its query/key/value projections: BERT, RoBERTa, ELECTRA, MiniLM; DistilBERT."""
+
+
+@dataclass(frozen=True)
+class Phase:
+    """Epochs that train one set of loss terms with their own optimiser and schedule."""
+
+    name: str
+    epochs: int
+    terms: tuple[str, ...]
+    selects: bool
+    """Whether held-out accuracy picks the best epoch and counts patience here."""
+
+
+def phases(options: DistillOptions) -> list[Phase]:
+    """Every term at once, or TinyBERT's two steps (intermediate layers first, then predictions).
+
+    In the intermediate step the classifier head receives no gradient, so its held-out accuracy says
+    nothing about the student and no epoch of that step is kept as the best one.
+    """
+    w = options.weights
+
+    def active(names: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(n for n in names if getattr(w, n) > 0)
+
+    n = options.intermediate_epochs
+    if n == 0:
+        return [Phase("joint", options.epochs, active(PREDICTION_TERMS + INTERMEDIATE_TERMS), True)]
+    return [
+        Phase("intermediate", n, active(INTERMEDIATE_TERMS), False),
+        Phase("prediction", options.epochs - n, active(PREDICTION_TERMS), True),
+    ]
+
+
+@dataclass(frozen=True)
+class RelationLayers:
+    """The resolved ``relation`` options: 1-based layers of each model and the relation heads."""
+
+    student: int
+    teacher: int
+    heads: int
+    relations: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "student_layer": self.student,
+            "teacher_layer": self.teacher,
+            "relation_heads": self.heads,
+            "relations": list(self.relations),
+        }
+
+
+def qkv_projections(model: Any, layer: int) -> dict[str, torch.nn.Module]:
+    """The query, key and value projections of encoder layer ``layer`` (1-based).
+
+    The relation loss applies them to the layer's input (hidden state ``layer - 1``, which transformers
+    records as that layer's input) instead of hooking them: a forward hook on a projection that
+    cross-layer sharing reuses in several layers would fire once per layer.
+    """
+    from compress.distill.student import layer_list_path
+
+    what = f"model_type '{model.config.model_type}'"
+    try:
+        layers = model.get_submodule(layer_list_path(model))
+    except (AttributeError, ModelError) as exc:
+        raise RecipeError(f"weights.relation: {what} has no list of encoder layers ({exc})") from None
+    if len(layers) != model.config.num_hidden_layers:
+        raise RecipeError(
+            f"weights.relation: {what} keeps {len(layers)} layer modules for "
+            f"{model.config.num_hidden_layers} layers (ALBERT-style groups); the relation loss supports "
+            "BERT-family encoders and DistilBERT"
+        )
+    block = layers[layer - 1]
+    for path, names in PROJECTIONS:
+        try:
+            parent = block.get_submodule(path)
+        except AttributeError:
+            continue
+        if all(isinstance(getattr(parent, n, None), torch.nn.Module) for n in names):
+            return {
+                kind: getattr(parent, n) for kind, n in zip(("query", "key", "value"), names, strict=True)
+            }
+    raise RecipeError(
+        f"weights.relation: {what} has no attention.self.query/key/value (BERT family) or "
+        "attention.q_lin/k_lin/v_lin (DistilBERT) in its layers; set weights.relation: 0"
+    )
+
+
+def _layer(value: int | None, count: int, key: str, who: str) -> int:
+    if value is None or value == -1:
+        return count
+    if value > count:
+        raise RecipeError(
+            f"relation.{key}: {value} is out of range; the {who} has layers 1..{count} (-1 = the last)"
+        )
+    return value
+
+
+def relation_layers(options: DistillOptions, student: Any, teacher: Any) -> RelationLayers:
+    """Resolve and check the ``relation`` options against both models (RecipeError naming the key)."""
+    o = options.relation
+    s = _layer(o.student_layer, student.config.num_hidden_layers, "student_layer", "student")
+    t = _layer(o.teacher_layer, teacher.config.num_hidden_layers, "teacher_layer", "teacher")
+    heads = o.relation_heads or teacher.config.num_attention_heads
+    widths = {
+        "student": qkv_projections(student, s)["query"].weight.shape[0],
+        "teacher": qkv_projections(teacher, t)["query"].weight.shape[0],
+    }
+    for who, width in widths.items():
+        if width % heads:
+            default = "" if o.relation_heads else " (the default: the teacher's attention heads)"
+            raise RecipeError(
+                f"relation.relation_heads: {heads}{default} does not divide the {who}'s query width {width}; "
+                f"give relation_heads that divides both {widths['student']} and {widths['teacher']}"
+            )
+    return RelationLayers(s, t, heads, tuple(o.relations))
+
+
+def frozen_projections(teacher: Any, layers: RelationLayers) -> torch.nn.ModuleDict:
+    """Copies of the teacher layer's projections, to apply to its cached input without the whole teacher."""
+    chosen = qkv_projections(teacher, layers.teacher)
+    copies = torch.nn.ModuleDict({k: copy.deepcopy(chosen[k]).float() for k in layers.relations})
+    return copies.requires_grad_(False)
 
 
 def layer_map(options: DistillOptions, student_layers: int, teacher_layers: int) -> list[tuple[int, int]]:
@@ -34,8 +169,15 @@ class DistillModule(torch.nn.Module):
     """Student + optional projection (TinyBERT W_h) + optional MLM head sharing the student's encoder."""
 
     def __init__(
-        self, student: Any, options: DistillOptions, pairs: list[tuple[int, int]], teacher_width: int
+        self,
+        student: Any,
+        options: DistillOptions,
+        pairs: list[tuple[int, int]],
+        teacher_width: int,
+        relation: tuple[RelationLayers, torch.nn.ModuleDict] | None = None,
     ):
+        """``relation`` (with ``weights.relation`` > 0): the resolved layers and the teacher's frozen
+        projections."""
         super().__init__()
         self.student = student
         self.options = options
@@ -45,6 +187,14 @@ class DistillModule(torch.nn.Module):
         needs_projection = options.weights.hidden > 0 and width != teacher_width
         self.projection = torch.nn.Linear(width, teacher_width) if needs_projection else None
         self.mlm = mlm_model(student) if options.weights.mlm > 0 else None
+        if options.weights.relation > 0 and relation is None:
+            raise ValueError(
+                "weights.relation > 0 needs the resolved relation layers and teacher projections"
+            )
+        self.relation_layers = relation[0] if relation is not None else None
+        self.teacher_projections = relation[1] if relation is not None else None
+        self.active: tuple[str, ...] = phases(options)[0].terms
+        """The terms ``forward`` computes; the trainer sets it at the start of each phase."""
 
     def forward(
         self,
@@ -52,16 +202,20 @@ class DistillModule(torch.nn.Module):
         target: dict[str, Any],
         mlm_batch: tuple[torch.Tensor, torch.Tensor] | None,
     ) -> dict[str, torch.Tensor]:
-        """Each loss term with a non-zero weight, unweighted; ``total`` is the weighted sum."""
-        w, inputs = self.options.weights, forward_inputs(self.student, batch)
+        """Each term of the current phase (``active``), unweighted; ``total`` is the weighted sum."""
+        w, active, inputs = self.options.weights, self.active, forward_inputs(self.student, batch)
         mask = inputs["attention_mask"]
-        out = self.student(**inputs, output_hidden_states=w.hidden > 0, output_attentions=w.attention > 0)
+        out = self.student(
+            **inputs,
+            output_hidden_states="hidden" in active or "relation" in active,
+            output_attentions="attention" in active,
+        )
         terms: dict[str, torch.Tensor] = {}
-        if w.soft > 0:
+        if "soft" in active:
             terms["soft"] = soft_kl(out.logits, target["logits"], self.options.temperature)
-        if w.hard > 0:
+        if "hard" in active:
             terms["hard"] = hard_ce(out.logits, batch["labels"])
-        if w.hidden > 0:
+        if "hidden" in active:
             student_states = {s: out.hidden_states[s] for s, _ in self.pairs}
             terms["hidden"] = hidden_alignment(
                 student_states,
@@ -71,13 +225,34 @@ class DistillModule(torch.nn.Module):
                 self.options.hidden.metric,
                 self.projection,
             )
-        if w.attention > 0:
+        if "attention" in active:
             student_maps = {s: out.attentions[s - 1] for s, _ in self.attention_pairs}
             terms["attention"] = attention_mse(student_maps, target["attentions"], self.attention_pairs, mask)
-        if w.mlm > 0 and mlm_batch is not None:
+        if "relation" in active:
+            terms["relation"] = self.relation(out.hidden_states, target["hidden"], mask)
+        if "mlm" in active and mlm_batch is not None:
             masked, labels = mlm_batch
             length = masked.shape[1]
             mlm_inputs = {**inputs, "input_ids": masked[:, : inputs["input_ids"].shape[1]]}
             terms["mlm"] = mlm_loss(self.mlm(**mlm_inputs).logits, labels[:, : min(length, mask.shape[1])])
         terms["total"] = sum(getattr(w, name) * value for name, value in terms.items())
         return terms
+
+    def relation(
+        self,
+        student_states: tuple[torch.Tensor, ...],
+        teacher_states: dict[int, torch.Tensor],
+        mask: torch.Tensor,
+    ) -> torch.Tensor:
+        """MiniLM's relation term: each model's chosen layer's Q/K/V, from that layer's input.
+
+        The teacher's input comes from the cache (hidden state ``teacher - 1``), so the teacher never
+        runs during training; only its three projections are applied to it.
+        """
+        layers, teacher = self.relation_layers, self.teacher_projections
+        source = student_states[layers.student - 1]
+        student = qkv_projections(self.student, layers.student)
+        with torch.no_grad():
+            cached = teacher_states[layers.teacher - 1].to(source.device, torch.float32)
+            targets = {k: teacher[k](cached) for k in layers.relations}
+        return relation_kl({k: student[k](source) for k in layers.relations}, targets, mask, layers.heads)

@@ -17,9 +17,9 @@ from compress.distill.config import DistillOptions
 from compress.distill.data import prepare_transfer
 from compress.distill.loop import BestKeeper, Loop, evaluate, mlm_batch, train_loader
 from compress.distill.losses import Masker
-from compress.distill.objective import DistillModule
+from compress.distill.objective import DistillModule, phases
 from compress.stages.base import StageContext
-from compress.training import optimizer_and_schedule, set_seed
+from compress.training import set_seed
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +42,13 @@ def distill_model(
 ) -> DistillOutcome:
     """Train ``student`` in place against the teacher; the best eval epoch's weights are restored."""
     from accelerate import Accelerator
+    from accelerate.utils import DistributedDataParallelKwargs
 
-    accelerator = Accelerator(cpu=not torch.cuda.is_available())
+    # Data-parallel training must be told when a step leaves parameters without a gradient: the
+    # classifier head while only inner-layer terms train, TinyBERT's W_h while only predictions do.
+    unused = options.intermediate_epochs > 0 or not (options.weights.soft > 0 or options.weights.hard > 0)
+    handlers = [DistributedDataParallelKwargs(find_unused_parameters=True)] if unused else []
+    accelerator = Accelerator(cpu=not torch.cuda.is_available(), kwargs_handlers=handlers)
     set_seed(ctx.seed)
     start = time.time()
     checkpoint_dir = checkpoint_dir or ctx.cache_dir / "distill" / f"best-{ctx.index:02d}"
@@ -52,7 +57,7 @@ def distill_model(
     implementation = student.config._attn_implementation
     if options.weights.attention > 0:
         student.set_attn_implementation("eager")
-    module = DistillModule(student, options, pairs, data.teacher_width)
+    module = DistillModule(student, options, pairs, data.teacher_width, data.relation)
     masker = (
         Masker(tokenizer, options.mlm, ctx.seed + accelerator.process_index)
         if options.weights.mlm > 0
@@ -64,47 +69,42 @@ def distill_model(
         else None
     )
     loader = accelerator.prepare(train_loader(data, options, ctx.seed))
-    optimizer, schedule = optimizer_and_schedule(
-        module,
-        lr=options.lr,
-        weight_decay=options.weight_decay,
-        warmup_ratio=options.warmup_ratio,
-        total_steps=options.epochs * len(loader),
-    )
-    model, optimizer = accelerator.prepare(module, optimizer)
+    model = accelerator.prepare(module)
 
     key = "accuracy" if data.eval_labels is not None else "agreement"
     best = BestKeeper(student, tokenizer, checkpoint_dir, accelerator.is_main_process)
     loop = Loop(
-        model,
-        loader,
-        optimizer,
-        schedule,
-        accelerator,
-        data,
-        options,
-        best,
-        lambda batch: mlm_batch(masker, data, static, batch),
+        model, loader, accelerator, data, options, best, lambda batch: mlm_batch(masker, data, static, batch)
     )
     curves: dict[str, list[float]] = {}
-    history: list[dict[str, float]] = []
-    for epoch in range(1, options.epochs + 1):
-        label = f"distill {epoch}/{options.epochs}" + (f" (eval {history[-1][key]:.4f})" if history else "")
-        means = loop.epoch(label)
-        for name, value in means.items():
-            curves.setdefault(name, []).append(round(value, 6))
-        scores = evaluate(student, data, options.eval_batch_size)
-        history.append({"epoch": epoch, **scores})
-        shown = ", ".join(f"{name} {value:.4f}" for name, value in scores.items())
-        log.info("distill epoch %d: loss %.4f eval %s", epoch, curves["total"][-1], shown)
-        if best.offer(scores[key]):
-            continue
-        if options.patience is not None and best.waited >= options.patience:
+    history: list[dict[str, Any]] = []
+    two_steps = options.intermediate_epochs > 0
+    epoch, stopped = 0, False
+    for phase in phases(options):
+        if stopped:
             break
+        loop.start(module, phase)
+        for _ in range(phase.epochs):
+            epoch += 1
+            shown = f" (eval {history[-1][key]:.4f})" if history else ""
+            step = f" {phase.name}" if two_steps else ""
+            means = loop.epoch(f"distill {epoch}/{options.epochs}{step}{shown}")
+            for name, value in means.items():
+                curves.setdefault(name, []).append(round(value, 6))
+            scores = evaluate(student, data, options.eval_batch_size)
+            history.append({"epoch": epoch, **({"phase": phase.name} if two_steps else {}), **scores})
+            shown = ", ".join(f"{name} {value:.4f}" for name, value in scores.items())
+            log.info("distill epoch %d%s: loss %.4f eval %s", epoch, step, curves["total"][-1], shown)
+            if not phase.selects or best.offer(scores[key]):
+                continue
+            if options.patience is not None and best.waited >= options.patience:
+                stopped = True
+                break
     student.load_state_dict(best.state)
     student.set_attn_implementation(implementation)
     accelerator.wait_for_everyone()
-    best_epoch = max(history, key=lambda h: h[key])
+    # the intermediate step's epochs are never kept: their classifier head has not been trained yet
+    best_epoch = max((h for h in history if h.get("phase") != "intermediate"), key=lambda h: h[key])
     metrics = {
         "accuracy": best_epoch.get("accuracy"),
         "agreement": best_epoch["agreement"],
@@ -117,5 +117,7 @@ def distill_model(
         "processes": accelerator.num_processes,
         "train_seconds": round(time.time() - start, 2),
     }
+    if two_steps:
+        metrics["intermediate_epochs"] = options.intermediate_epochs
     info = {"layer_map": [list(p) for p in pairs], **data.info}
     return DistillOutcome(metrics, info, accelerator.is_main_process)

@@ -37,10 +37,13 @@ class TeacherOutputs:
         sizes = self.lengths**2 if square else self.lengths
         return torch.cumsum(sizes, 0) - sizes
 
-    def batch(self, index: torch.Tensor, length: int) -> dict[str, Any]:
-        """Teacher targets for rows ``index`` padded with zeros to ``length`` tokens."""
+    def batch(self, index: torch.Tensor, length: int, layers: bool = True) -> dict[str, Any]:
+        """Teacher targets for rows ``index`` padded with zeros to ``length`` tokens; ``layers=False``:
+        logits only (the terms being trained use no hidden state or attention map)."""
         index = index.cpu()
         out: dict[str, Any] = {"logits": self.logits[index], "hidden": {}, "attentions": {}}
+        if not layers:
+            return out
         lengths = self.lengths[index].tolist()
         starts = self._starts(False)[index].tolist()
         for layer, packed in self.hidden.items():

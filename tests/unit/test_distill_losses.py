@@ -121,6 +121,7 @@ def test_masker_whole_word_masks_all_pieces_of_a_word():
 def test_config_is_validated_at_the_door():
     with pytest.raises(ValidationError, match="every loss weight is 0"):
         LossWeights(soft=0)
+    assert LossWeights(soft=0, relation=1).relation == 1
     with pytest.raises(ValidationError, match="whole_word"):
         MlmOptions(whole_word=True, replace_rule=(0.8, 0.1, 0.1))
     with pytest.raises(ValidationError, match="sum to 1"):

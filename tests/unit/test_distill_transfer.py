@@ -68,6 +68,9 @@ def test_teacher_outputs_are_cached_and_unpack_to_the_teachers_states(tmp_path, 
     assert torch.allclose(
         got["attentions"][2][pairs.expand_as(expected)], expected[pairs.expand_as(expected)], atol=1e-3
     )
+    logits_only = again.batch(torch.tensor([1, 2]), length, layers=False)
+    assert logits_only["hidden"] == {} and logits_only["attentions"] == {}
+    assert torch.equal(logits_only["logits"], got["logits"])
     other = teacher_outputs(teacher, data, **{**kw, "max_length": 16})
     assert torch.equal(other.logits, first.logits)
     assert len(list((tmp_path / "distill").glob("teacher-*.safetensors"))) == 2
