@@ -40,7 +40,8 @@ def distill_model(
     *,
     checkpoint_dir: Path | None = None,
 ) -> DistillOutcome:
-    """Train ``student`` in place against the teacher; the best eval epoch's weights are restored."""
+    """Train ``student`` in place against the teacher; the best eval epoch's weights are restored
+    (the best of the prediction step when ``intermediate_epochs`` > 0)."""
     from accelerate import Accelerator
     from accelerate.utils import DistributedDataParallelKwargs
 
@@ -55,8 +56,6 @@ def distill_model(
     data = prepare_transfer(student, tokenizer, teacher_dir, ctx, options, accelerator)
     pairs = data.pairs
     implementation = student.config._attn_implementation
-    if options.weights.attention > 0:
-        student.set_attn_implementation("eager")
     module = DistillModule(student, options, pairs, data.teacher_width, data.relation)
     masker = (
         Masker(tokenizer, options.mlm, ctx.seed + accelerator.process_index)
@@ -84,6 +83,8 @@ def distill_model(
         if stopped:
             break
         loop.start(module, phase)
+        # attention maps need the eager kernels; a step that does not compare them keeps the faster ones
+        student.set_attn_implementation("eager" if "attention" in phase.terms else implementation)
         for _ in range(phase.epochs):
             epoch += 1
             shown = f" (eval {history[-1][key]:.4f})" if history else ""

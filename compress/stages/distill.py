@@ -1,7 +1,8 @@
 """``distill``: a shallower student initialised from the teacher's layers and trained to match it.
 
 DistilBERT's recipe (every-other layer init, soft targets, hidden-state cosine) with TinyBERT's
-options (projected hidden MSE, attention maps, augmentation) as loss weights in the config.
+options (projected hidden MSE, attention maps, augmentation, the two-step order) and MiniLM's
+self-attention relations as loss weights and options in the config.
 """
 
 from __future__ import annotations

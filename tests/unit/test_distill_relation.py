@@ -335,7 +335,7 @@ def test_distill_stage_runs_with_the_relation_term_and_with_two_steps(tmp_path, 
     runs = {
         "relation": "    epochs: 1\n    hidden_size: 16\n    weights: {soft: 1, relation: 1}\n",
         "two-steps": (
-            "    epochs: 2\n    intermediate_epochs: 1\n    weights: {soft: 1, relation: 1, hidden: 1}\n"
+            "    epochs: 2\n    intermediate_epochs: 1\n    weights: {soft: 1, relation: 1, attention: 1}\n"
         ),
     }
     results = {}
@@ -356,9 +356,10 @@ def test_distill_stage_runs_with_the_relation_term_and_with_two_steps(tmp_path, 
     }
     assert one.info["cached_teacher_layers"]["hidden"] == [1]  # the input of teacher layer 2
     two = results["two-steps"].metrics
-    assert two["loss_curves"]["total"][0] == pytest.approx(
-        two["loss_curves"]["hidden"][0] + two["loss_curves"]["relation"][0], rel=1e-4
-    )
+    curves = two["loss_curves"]
+    assert [len(curves[k]) for k in ("attention", "relation", "soft", "total")] == [1, 1, 1, 2]
+    assert curves["total"][0] == pytest.approx(curves["attention"][0] + curves["relation"][0], abs=2e-6)
+    assert curves["total"][1] == pytest.approx(curves["soft"][0], abs=1e-6)
     assert two["best_epoch"] == 2 and len(two["eval_curve"]) == 2
 
 
