@@ -39,6 +39,22 @@ ABLATIONS: list[tuple[str, dict[str, Any]]] = [
     # Issue 16: what the headline's soft-only distillation gains from more epochs or a larger transfer set.
     ("soft, 6 epochs", {"layers": 3, "weights": {"soft": 1.0}, "epochs": 6, "patience": 2}),
     ("soft+augment", {"layers": 3, "weights": {"soft": 1.0}, "augment": {}}),
+    # MiniLM's self-attention relations of the last layers beside soft targets, and TinyBERT's two steps
+    # (inner-layer terms for one epoch, then soft targets for three).
+    ("soft+relation", {"layers": 3, "weights": {"soft": 1.0, "relation": 1.0}}),
+    (
+        "two-step: relation, then soft",
+        {"layers": 3, "weights": {"soft": 1.0, "relation": 1.0}, "epochs": 4, "intermediate_epochs": 1},
+    ),
+    (
+        "two-step: hidden(cos)+attention, then soft",
+        {
+            "layers": 3,
+            "weights": {"soft": 1.0, "hidden": 1.0, "attention": 1.0},
+            "epochs": 4,
+            "intermediate_epochs": 1,
+        },
+    ),
 ]
 TASKS = {
     "sst2": {"text": "sentence", "label": "label"},
