@@ -107,6 +107,8 @@ class Loop:
     def start(self, module: DistillModule, phase: Phase) -> None:
         """Train ``phase``'s terms from here on, with a fresh optimiser and a warm-up/decay schedule
         over the phase's own steps (TinyBERT's two steps are two trainings in a row)."""
+        if self.optimizer is not None:  # the previous step's moments (accelerate keeps its optimisers)
+            self.optimizer.state.clear()
         module.active = phase.terms
         self.layers = any(term in INTERMEDIATE_TERMS for term in phase.terms)
         optimizer, self.schedule = optimizer_and_schedule(
