@@ -131,7 +131,8 @@ def step_labels(run_dir: Path, teacher_layers: int) -> dict[str, str]:
 
 
 def report_rows(run: RecipeRun, teacher_layers: int) -> list[dict[str, Any]]:
-    """The run's checkpoints and artifacts from its report.json, each with its label and source folders."""
+    """The run's checkpoints and artifacts from its report.json, each with its label and source folders,
+    and the gold labels of the rows the report measured (None from a report that does not keep them)."""
     report = read_json(run.run_dir / "report.json")
     labels = step_labels(run.run_dir, teacher_layers)
     schemes = {  # each stage's configured scheme, read once
@@ -155,6 +156,7 @@ def report_rows(run: RecipeRun, teacher_layers: int) -> list[dict[str, Any]]:
                 "checkpoint": checkpoint,
                 "stage": stage_dir,
                 "target": manifest.get("target"),
+                "gold": (report.get("data") or {}).get("gold"),
             }
         )
     # several targets of one format (a TFLite phone and a Pi profile): say which row is which

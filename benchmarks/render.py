@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from benchmarks import rows
 from compress.io import write_json_atomic, write_text_atomic
 
 FORMATS = {"torch": "pt", "onnx": "onnx", "tflite": "tflite", "pt2": "pt-compile"}
@@ -37,10 +38,47 @@ def _num(value: float | None, digits: int = 1) -> str:
     return "—" if value is None else f"{value:.{digits}f}"
 
 
+def kept_cells(row: dict[str, Any]) -> list[str]:
+    """The row's accuracy minus the teacher's, in points, and its share of it, each with its interval."""
+    kept = row.get("accuracy_vs_teacher")
+    if kept is None:
+        return ["ref", "ref"] if rows.is_reference(row) else ["no interval", "no interval"]
+    if "missing" in kept:
+        return ["no interval", "no interval"]
+    diff, ratio = kept["diff_points"], kept["ratio"]
+    share = (
+        f"{100 * ratio['estimate']:.1f} [{100 * ratio['low']:.1f}, {100 * ratio['high']:.1f}]"
+        if ratio
+        else "—"
+    )
+    return [f"{diff['estimate']:+.2f} [{diff['low']:+.2f}, {diff['high']:+.2f}]", share]
+
+
+def interval_note(task_rows: list[dict[str, Any]]) -> list[str]:
+    """How the intervals were computed, and why any row has none."""
+    kept = [r["accuracy_vs_teacher"] for r in task_rows if r.get("accuracy_vs_teacher")]
+    done = [k for k in kept if "missing" not in k]
+    lines = []
+    if done:
+        first = done[0]
+        lines.append(
+            f"Intervals: {100 * first['confidence']:g}% paired bootstrap percentile intervals over the "
+            f"{first['rows']} dev rows ({first['resamples']:,} resamples of rows, seed {first['seed']}), "
+            f"against {first['vs']} scored on the same resampled rows."
+        )
+    for why in sorted({k["missing"] for k in kept if "missing" in k}):
+        lines.append(f"No interval for some rows: {why}.")
+    if not kept and any(not rows.is_reference(r) for r in task_rows):
+        lines.append("No interval: these results keep no per-row predictions.")
+    return ["", *lines] if lines else []
+
+
 def task_table(task_rows: list[dict[str, Any]], with_f1: bool) -> list[str]:
     head = [
         "row",
         "accuracy",
+        "Δ vs teacher, points [95% CI]",
+        "% of teacher [95% CI]",
         *(["F1"] if with_f1 else []),
         "agreement",
         "p50 ms",
@@ -60,6 +98,7 @@ def task_table(task_rows: list[dict[str, Any]], with_f1: bool) -> list[str]:
         cells = [
             r["row"],
             _num(100 * r["accuracy"], 2),
+            *kept_cells(r),
             *([_num(100 * r["f1"], 2)] if with_f1 else []),
             "ref" if r["agreement"] is None else _num(100 * r["agreement"], 1),
             _num(r["p50_ms"], 2),
@@ -72,18 +111,21 @@ def task_table(task_rows: list[dict[str, Any]], with_f1: bool) -> list[str]:
             _num(r["x_floor"], 1),
         ]
         lines.append("| " + " | ".join(cells) + " |")
-    return lines
+    return lines + interval_note(task_rows)
 
 
 def verdict_lines(verdict: dict[str, Any]) -> list[str]:
     if not verdict.get("headline"):
         return [f"Headline: {verdict.get('detail', 'not measured')}."]
-    share = f"{100 * verdict['accuracy_share']:.1f}% of the teacher's accuracy"
+    bar = f"{'keeps' if verdict['keeps_97pct'] else 'misses'} the 97% bar"
+    interval = verdict.get("accuracy_share_interval")
+    if interval:
+        clears = "clears" if interval["low"] >= rows.ACCURACY_SHARE else "is below"
+        bar += f"; 95% CI {100 * interval['low']:.1f}–{100 * interval['high']:.1f}%, its low end {clears} 97%"
     ahead = "strictly ahead of" if verdict["ahead_of_all"] else "not strictly ahead of"
     lines = [
-        f"Headline **{verdict['headline']}**: {share} "
-        f"({'keeps' if verdict['keeps_97pct'] else 'misses'} the 97% bar); {ahead} every peer row "
-        "(faster at equal or better accuracy).",
+        f"Headline **{verdict['headline']}**: {100 * verdict['accuracy_share']:.1f}% of the teacher's "
+        f"accuracy ({bar}); {ahead} every peer row (faster at equal or better accuracy).",
         "",
     ]
     for a in verdict["against"]:

@@ -3,7 +3,8 @@
 Every row's numbers come from a ``compress.evaluate`` entry (or the torch_int8 worker's entry of
 the same shape); this module only reads them, adds what the floor needs (multiply-adds at the mean
 real length of the dev sentences, the measured GEMM peak for the row's precision) and decides the
-headline comparison. Nothing here measures anything.
+headline comparison, with the paired bootstrap interval of each row's accuracy against the teacher's
+PyTorch fp32 row (from the per-row predictions every entry keeps). Nothing here measures anything.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 from benchmarks.hardware import encoder_macs, encoder_shape, floor_ms, padded_lengths, token_lengths
 from compress.io import read_json
+from compress.metrics import RESAMPLES, paired_accuracy_interval
 
 RUNTIMES = {"torch": "PyTorch", "onnx": "ONNX Runtime", "tflite": "TFLite", "pt2": "PyTorch inductor"}
 ACCURACY_SHARE = 0.97
@@ -75,6 +77,38 @@ def make_row(
     return row
 
 
+def is_reference(row: dict[str, Any]) -> bool:
+    """The teacher's PyTorch fp32 row: what every interval of the accuracy kept is against."""
+    return row["group"] == "teacher" and row["format"] == "torch"
+
+
+def add_intervals(task_rows: list[dict[str, Any]], gold: list[int], resamples: int = RESAMPLES) -> None:
+    """``accuracy_vs_teacher`` of every row of one task: the paired bootstrap interval of its accuracy
+    minus (and over) the teacher PyTorch fp32 row's, on the same dev rows, or ``{"missing": why}``.
+
+    A row that already says why it has none (its run's dev rows differ from the suite's) keeps that.
+    """
+    teacher = next((r for r in task_rows if is_reference(r)), None)
+    reference = ((teacher or {}).get("entry") or {}).get("predictions")
+    for row in task_rows:
+        if row is teacher or "accuracy_vs_teacher" in row:
+            continue
+        mine = (row.get("entry") or {}).get("predictions")
+        if teacher is None:
+            why = "no teacher PyTorch fp32 row in this run (e.g. --only compress)"
+        elif reference is None or mine is None:
+            why = "no per-row predictions (measured before the suite kept them)"
+        elif not len(mine) == len(reference) == len(gold):
+            why = f"{len(mine)} predictions, {len(reference)} for the teacher, {len(gold)} dev rows"
+        else:
+            row["accuracy_vs_teacher"] = {
+                "vs": teacher["row"],
+                **paired_accuracy_interval(mine, reference, gold, resamples=resamples),
+            }
+            continue
+        row["accuracy_vs_teacher"] = {"missing": why}
+
+
 def is_headline(row: dict[str, Any], recipe: str, fmt: str) -> bool:
     """The headline is the last (most compressed) artifact of ``recipe`` in ``fmt``: its int8 row."""
     return (
@@ -90,7 +124,7 @@ def headline_verdict(rows: list[dict[str, Any]], recipe: str, fmt: str) -> dict[
     while keeping >= 97% of the teacher's accuracy? Peers are the int8 one-liners; the teacher's
     float rows are the reference and are compared too, for information only."""
     headline = next((r for r in rows if is_headline(r, recipe, fmt)), None)
-    teacher = next(r for r in rows if r["group"] == "teacher" and r["format"] == "torch")
+    teacher = next(r for r in rows if is_reference(r))
     if headline is None:
         return {"headline": None, "ahead_of_all": False, "detail": f"no int8 {fmt} row from recipe {recipe}"}
     keeps = headline["accuracy"] >= ACCURACY_SHARE * teacher["accuracy"]
@@ -112,6 +146,7 @@ def headline_verdict(rows: list[dict[str, Any]], recipe: str, fmt: str) -> dict[
         "accuracy": headline["accuracy"],
         "teacher_accuracy": teacher["accuracy"],
         "accuracy_share": headline["accuracy"] / teacher["accuracy"],
+        "accuracy_share_interval": (headline.get("accuracy_vs_teacher") or {}).get("ratio"),
         "keeps_97pct": keeps,
         "against": against,
         "ahead_of_all": keeps and bool(beaten) and all(beaten),

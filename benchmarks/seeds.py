@@ -6,6 +6,12 @@ that measured the peers (a full run); the compress rows are matched by task and 
 here measures anything: it reads the suite's own numbers and writes ``seeds.md``, ``seeds.json`` and
 ``seeds.png``.
 
+From the per-row predictions each results.json keeps, every row gets the paired bootstrap interval
+of its accuracy against that teacher row, per seed, and pooled over the seeds: each resample draws
+one set of dev rows and scores every seed and the teacher on it (they were all measured on the same
+rows), then averages the seeds' accuracies. The pooled interval is the row-sampling uncertainty of
+the seed-averaged accuracy kept; the seed-to-seed spread is the sd column beside it.
+
     python benchmarks/seeds.py benchmarks/results/headline benchmarks/results/headline-seed1 \\
         benchmarks/results/headline-seed2 --out benchmarks/results/headline-seeds
 """
@@ -15,10 +21,16 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 from pathlib import Path
 from typing import Any
 
+if not __package__:  # run as ``python benchmarks/seeds.py``: make the repository importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.rows import is_reference
 from compress.io import read_json, write_json_atomic, write_text_atomic
+from compress.metrics import RESAMPLES, paired_accuracy_interval, pooled_accuracy_interval
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -41,11 +53,12 @@ def seed_of(results: dict[str, Any]) -> int:
     return 0
 
 
-def teacher_accuracy(runs: list[dict[str, Any]], task: str) -> float:
+def teacher_row(runs: list[dict[str, Any]], task: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The teacher PyTorch fp32 row of ``task`` and the results it came from."""
     for results in runs:
         for row in results["rows"]:
-            if row["task"] == task and row["group"] == "teacher" and row["format"] == "torch":
-                return float(row["accuracy"])
+            if row["task"] == task and is_reference(row):
+                return row, results
     raise SystemExit(
         f"no run measured the {task} teacher: include one full suite run (without --only compress)"
     )
@@ -60,13 +73,48 @@ def spread(values: list[float]) -> dict[str, float]:
     }
 
 
-def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
+def gold_of(results: dict[str, Any], task: str) -> list[int] | None:
+    return ((results.get("tasks") or {}).get(task) or {}).get("gold")
+
+
+def seed_intervals(
+    found: list[dict[str, Any]],
+    runs: list[dict[str, Any]],
+    seeds: list[int],
+    task: str,
+    teacher: tuple[dict[str, Any], dict[str, Any]],
+    resamples: int,
+) -> dict[str, Any]:
+    """Each seed's interval of the accuracy kept and the pooled one, or ``{"missing": why}`` for each
+    that cannot be computed (no predictions kept, or a run measured other dev rows)."""
+    row, source = teacher
+    gold, reference = gold_of(source, task), (row.get("entry") or {}).get("predictions")
+    per_seed: dict[str, Any] = {}
+    usable = []
+    for seed, results, x in zip(seeds, runs, found, strict=True):
+        mine = (x.get("entry") or {}).get("predictions")
+        if gold is None or reference is None or mine is None:
+            per_seed[str(seed)] = {"missing": "no per-row predictions (measured before the suite kept them)"}
+        elif gold_of(results, task) != gold or len(mine) != len(gold):
+            per_seed[str(seed)] = {"missing": "measured on other dev rows than the teacher row"}
+        else:
+            per_seed[str(seed)] = paired_accuracy_interval(mine, reference, gold, resamples=resamples)
+            usable.append(mine)
+    if len(usable) == len(found):
+        pooled = pooled_accuracy_interval(usable, reference, gold, resamples=resamples)
+    else:
+        pooled = {"missing": f"{len(found) - len(usable)} of {len(found)} seeds have none, so no pooled one"}
+    return {"vs": row["row"], "per_seed": per_seed, "pooled": pooled}
+
+
+def aggregate(runs: list[dict[str, Any]], resamples: int = RESAMPLES) -> dict[str, Any]:
     seeds = [seed_of(r) for r in runs]
     if len(set(seeds)) != len(seeds):
         raise SystemExit(f"two runs share a seed ({seeds}): pass one results folder per seed")
     tasks: dict[str, Any] = {}
     for task in sorted({row["task"] for r in runs for row in r["rows"] if row["group"] == "compress"}):
-        teacher = teacher_accuracy(runs, task)
+        reference = teacher_row(runs, task)
+        teacher = float(reference[0]["accuracy"])
         names = [row["row"] for row in runs[0]["rows"] if row["task"] == task and row["group"] == "compress"]
         rows = []
         for name in names:
@@ -84,10 +132,57 @@ def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
                     "share_of_teacher": spread([a / teacher for a in accuracy]),
                     "bytes": spread([float(x["bytes"]) for x in found]),
                     "p50_ms": spread([float(x["p50_ms"]) for x in found]),
+                    "accuracy_vs_teacher": seed_intervals(found, runs, seeds, task, reference, resamples),
                 }
             )
         tasks[task] = {"teacher_accuracy": teacher, "rows": rows}
     return {"seeds": seeds, "files": [r["_file"] for r in runs], "tasks": tasks}
+
+
+def _share(interval: dict[str, Any]) -> str:
+    ratio = interval.get("ratio")
+    if "missing" in interval or not ratio:
+        return "no interval"
+    return f"{100 * ratio['estimate']:.1f} [{100 * ratio['low']:.1f}, {100 * ratio['high']:.1f}]"
+
+
+def _points(interval: dict[str, Any]) -> str:
+    if "missing" in interval:
+        return "no interval"
+    diff = interval["diff_points"]
+    return f"{diff['estimate']:+.2f} [{diff['low']:+.2f}, {diff['high']:+.2f}]"
+
+
+def interval_table(block: dict[str, Any], seeds: list[int]) -> list[str]:
+    """Per seed and pooled: % of the teacher's accuracy [95% CI]; pooled also in points."""
+    kept = [row.get("accuracy_vs_teacher") or {"per_seed": {}, "pooled": {}} for row in block["rows"]]
+    per_seed = [v for k in kept for v in k["per_seed"].values()]
+    if not any("missing" not in v for v in per_seed):  # nothing to tabulate: say why once
+        why = sorted({v["missing"] for v in per_seed}) or ["these results keep no per-row predictions"]
+        return [*[f"No interval: {w}." for w in why], ""]
+    reasons = sorted(
+        {v["missing"] for k in kept for v in [*k["per_seed"].values(), k["pooled"]] if "missing" in v}
+    )
+    out = [
+        "| row | "
+        + " | ".join(f"seed {s}: % of teacher [95% CI]" for s in seeds)
+        + " | pooled: % of teacher [95% CI] | pooled: Δ points [95% CI] |",
+        "|---|" + "---|" * len(seeds) + "---|---|",
+    ]
+    for row, k in zip(block["rows"], kept, strict=True):
+        cells = [_share(k["per_seed"][str(s)]) for s in seeds] + [_share(k["pooled"]), _points(k["pooled"])]
+        out.append(f"| {row['row']} | " + " | ".join(cells) + " |")
+    first = next((k for k in kept if k["pooled"] and "missing" not in k["pooled"]), None)
+    if first:
+        pooled = first["pooled"]
+        out += [
+            "",
+            f"Against {first['vs']}, on the same {pooled['rows']} dev rows: paired bootstrap "
+            f"({pooled['resamples']:,} resamples, seed {pooled['seed']}); pooled draws one set of rows "
+            "per resample for every seed and averages their accuracies (row noise of the seed mean; "
+            "the seed spread is the sd above).",
+        ]
+    return [*out, *[f"No interval where {why}." for why in reasons], ""]
 
 
 def markdown(summary: dict[str, Any]) -> str:
@@ -117,7 +212,7 @@ def markdown(summary: dict[str, Any]) -> str:
                 f"{100 * share['mean']:.1f}% ({100 * share['min']:.1f}–{100 * share['max']:.1f}) | "
                 f"{row['bytes']['mean'] / 1e6:.2f} | {row['p50_ms']['mean']:.2f} |"
             )
-        out.append("")
+        out += ["", *interval_table(block, seeds)]
     return "\n".join(out)
 
 
@@ -151,8 +246,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", type=Path, help="suite results folders, one per seed")
     parser.add_argument("--out", type=Path, required=True, help="folder for seeds.md/.json/.png")
+    parser.add_argument(
+        "--bootstrap-resamples", type=int, default=RESAMPLES, help="resamples of each interval"
+    )
     args = parser.parse_args()
-    summary = aggregate([load(p) for p in args.runs])
+    summary = aggregate([load(p) for p in args.runs], args.bootstrap_resamples)
     args.out.mkdir(parents=True, exist_ok=True)
     plot(summary, args.out / "seeds.png")
     write_text_atomic(args.out / "seeds.md", markdown(summary))

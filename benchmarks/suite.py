@@ -7,7 +7,9 @@ Rows per task: the teacher in float (PyTorch, ONNX Runtime, TFLite); the teacher
 one-liners (onnxruntime dynamic per-channel, ai-edge-quantizer dynamic, neural-compressor PT2E
 static + torch.compile); and every checkpoint and artifact of the compress recipes in
 benchmarks/recipes/. Every row is measured by compress.evaluate (the torch.compile row by a worker
-that reuses its measurement loop) with the same settings. See benchmarks/README.md.
+that reuses its measurement loop) with the same settings, and every row keeps the label it predicts
+for each dev row, so its accuracy is given with a paired bootstrap interval against the teacher's
+PyTorch fp32 row on the same rows. See benchmarks/README.md.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ if not __package__:  # run as ``python benchmarks/suite.py``: make the repositor
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import compress_rows, hardware, peers, render, rows, torch_int8
+from compress.metrics import RESAMPLES
 
 log = logging.getLogger("benchmarks")
 HERE = Path(__file__).resolve().parent
@@ -92,6 +95,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--calibration-rows", type=int, default=128, help="training rows for static int8 (NC)")
     p.add_argument(
         "--holdout", type=int, default=500, help="training rows held out as the recipes' eval split"
+    )
+    p.add_argument(
+        "--bootstrap-resamples",
+        type=int,
+        default=RESAMPLES,
+        help="resamples of the paired bootstrap interval of each row's accuracy vs the teacher",
     )
     p.add_argument("--limit", type=int, help="use only the first N dev rows")
     p.add_argument("--train-limit", type=int, help="use only the first N training rows in the recipes")
@@ -245,24 +254,26 @@ def recipe_rows(
             }
         )
         for found in compress_rows.report_rows(run, teacher_config["num_hidden_layers"]):
-            out.append(
-                rows.make_row(
-                    task.name,
-                    "compress",
-                    found["label"],
-                    found["entry"],
-                    found["checkpoint"],
-                    dev,
-                    peaks,
-                    recipe=recipe.stem,
-                )
+            row = rows.make_row(
+                task.name,
+                "compress",
+                found["label"],
+                found["entry"],
+                found["checkpoint"],
+                dev,
+                peaks,
+                recipe=recipe.stem,
             )
+            if found["gold"] is not None and found["gold"] != dev.labels:
+                row["accuracy_vs_teacher"] = {"missing": "its run measured other dev rows than the suite"}
+            out.append(row)
     return out, runs
 
 
 def measure_task(
     task: Task, args: argparse.Namespace, peaks: dict[str, float]
-) -> tuple[list[dict], list[dict]]:
+) -> tuple[list[dict], list[dict], list[int]]:
+    """The task's rows (each with its interval vs the teacher), its recipe runs and its dev gold labels."""
     from compress.data import load_file
     from compress.evaluate import Settings
     from compress.subjects import subject_at
@@ -286,6 +297,7 @@ def measure_task(
         batch_size=args.batch_size,
         threads=args.threads,
         max_length=128,
+        bootstrap_resamples=args.bootstrap_resamples,
     )
     found, runs = [], []
     if args.only != "compress":
@@ -293,7 +305,8 @@ def measure_task(
     if args.only != "peers":
         compress_found, runs = recipe_rows(task, fit_path, held_path, dev, peaks, work, args)
         found += compress_found
-    return found, runs
+    rows.add_intervals(found, dev.labels, args.bootstrap_resamples)
+    return found, runs, dev.labels
 
 
 def cpu_seconds() -> float:
@@ -334,9 +347,9 @@ def main(argv: list[str] | None = None) -> int:
     tasks = tasks_from(args)
     log.info("measuring the GEMM peaks at %d threads", args.threads)
     gemm = hardware.gemm_peaks(args.threads)
-    all_rows, all_runs = [], []
+    all_rows, all_runs, gold = [], [], {}
     for task in tasks:
-        found, runs = measure_task(task, args, gemm["peak_macs_per_s"])
+        found, runs, gold[task.name] = measure_task(task, args, gemm["peak_macs_per_s"])
         all_rows += found
         all_runs += runs
     recipe, fmt = args.headline.split(":")
@@ -366,8 +379,11 @@ def main(argv: list[str] | None = None) -> int:
             "epochs": args.epochs,
             "recovery_epochs": args.recovery_epochs,
             "headline": args.headline,
+            "bootstrap_resamples": args.bootstrap_resamples,
         },
-        "tasks": {t.name: {"data": str(t.data), "teacher": str(t.teacher)} for t in tasks},
+        "tasks": {
+            t.name: {"data": str(t.data), "teacher": str(t.teacher), "gold": gold[t.name]} for t in tasks
+        },
         "rows": all_rows,
         "recipes": all_runs,
         "headline": verdicts,

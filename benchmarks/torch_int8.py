@@ -162,8 +162,9 @@ def evaluate_program(folder: Path, split: Any, settings: Any, teacher_logits: np
     Inductor's kernel cache lives beside the program, so compile_s is a cold compile, not a hit
     in a cache an earlier run left in /tmp.
     """
+    from compress.evaluate import score
     from compress.io import read_json, sha256_file
-    from compress.metrics import fidelity_metrics, task_metrics
+    from compress.metrics import predicted_ids
 
     threads = max(1, min(settings.threads or settings.teacher_threads, os.cpu_count() or 1))
     root = Path(__file__).resolve().parent.parent
@@ -197,10 +198,7 @@ def evaluate_program(folder: Path, split: Any, settings: Any, teacher_logits: np
             raise RuntimeError(f"measuring {folder} failed:\n{proc.stderr[-4000:]}")
         result, logits = read_json(f"{tmp}/result.json"), np.load(f"{tmp}/logits.npy")
     manifest = read_json(folder / "manifest.json")
-    metrics = {
-        **task_metrics(logits, split.labels, split.label_names),
-        **fidelity_metrics(logits, teacher_logits),
-    }
+    metrics = score(logits, split, teacher_logits, settings.bootstrap_resamples)
     for key in ("latency_ms", "throughput", "peak_rss_bytes", "rss_before_load_bytes"):
         metrics[key] = result[key]
     program = folder / PROGRAM
@@ -223,6 +221,7 @@ def evaluate_program(folder: Path, split: Any, settings: Any, teacher_logits: np
             "threads": result["threads"],
         },
         "metrics": metrics,
+        "predictions": predicted_ids(logits),
     }
 
 

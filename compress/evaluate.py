@@ -3,7 +3,9 @@
 Every model runs in a fresh worker process (``compress.evaluate_worker``) with its own saved
 tokenizer: a checkpoint through PyTorch, an ``.onnx`` through onnxruntime and a ``.tflite``
 through LiteRT, via the runner that ships in deploy bundles. The logits come back here, where
-task metrics and fidelity to the teacher are computed the same way for all of them.
+task metrics and fidelity to the teacher are computed the same way for all of them. Each entry keeps
+the label id it predicts for every row, so that paired statistics against the teacher (the bootstrap
+interval of the accuracy kept, computed here too) can be checked and recomputed from the record.
 """
 
 from __future__ import annotations
@@ -26,7 +28,13 @@ from compress.data import Split
 from compress.errors import CompressError, DataError
 from compress.footprint import artifact_parameters, model_bytes_and_sha, total_bytes
 from compress.io import read_json
-from compress.metrics import fidelity_metrics, task_metrics
+from compress.metrics import (
+    RESAMPLES,
+    fidelity_metrics,
+    paired_accuracy_interval,
+    predicted_ids,
+    task_metrics,
+)
 from compress.subjects import Subject
 from compress.targets import TargetProfile, load_target
 
@@ -43,6 +51,8 @@ class Settings:
     teacher_threads: int = 2
     max_length: int = 128
     """Truncation for checkpoints (artifacts use the length they were exported with)."""
+    bootstrap_resamples: int = RESAMPLES
+    """Resamples of the paired bootstrap interval of the accuracy kept (rows resampled jointly)."""
 
     @classmethod
     def from_recipe(cls, recipe: Any) -> Settings:
@@ -126,6 +136,23 @@ def run_worker(
         return np.load(f"{tmp}/logits.npy"), result
 
 
+def score(
+    logits: np.ndarray, split: Split, teacher_logits: np.ndarray | None, resamples: int = RESAMPLES
+) -> dict[str, Any]:
+    """Task metrics (with gold labels), fidelity to the teacher (with its logits) and, with both, the
+    paired bootstrap interval of the accuracy kept (``accuracy_vs_teacher``): one scoring for every row."""
+    metrics: dict[str, Any] = {}
+    if split.labels is not None:
+        metrics.update(task_metrics(logits, split.labels, split.label_names))
+    if teacher_logits is not None:
+        metrics.update(fidelity_metrics(logits, teacher_logits))
+        if split.labels is not None:
+            metrics["accuracy_vs_teacher"] = paired_accuracy_interval(
+                predicted_ids(logits), predicted_ids(teacher_logits), split.labels, resamples=resamples
+            )
+    return metrics
+
+
 def evaluate_subject(
     subject: Subject, split: Split, settings: Settings, teacher_logits: np.ndarray | None = None
 ) -> tuple[dict[str, Any], np.ndarray]:
@@ -139,11 +166,8 @@ def evaluate_subject(
             f"{len(split.label_names)} labels {split.label_names}; evaluate it on data for its task"
         )
     size, sha = model_bytes_and_sha(subject.path, subject.format)
-    metrics: dict[str, Any] = {}
-    if split.labels is not None:
-        metrics.update(task_metrics(logits, split.labels, split.label_names))
-    if teacher_logits is not None and subject.role != "teacher":
-        metrics.update(fidelity_metrics(logits, teacher_logits))
+    reference = teacher_logits if subject.role != "teacher" else None
+    metrics = score(logits, split, reference, settings.bootstrap_resamples)
     for key in ("latency_ms", "throughput", "peak_rss_bytes", "rss_before_load_bytes"):
         metrics[key] = run[key]
     params = run.get("parameters") or artifact_parameters(subject.path, subject.format)
@@ -170,6 +194,7 @@ def evaluate_subject(
     }
     if profile is not None:
         entry["budgets"] = {k: v for k, v in profile.budgets.model_dump().items() if v is not None}
+    entry["predictions"] = predicted_ids(logits)
     return entry, logits
 
 
@@ -183,6 +208,7 @@ def evaluate_subjects(subjects: list[Subject], split: Split, settings: Settings)
             "rows": len(split),
             "labels": split.label_names,
             "pairs": split.pairs is not None,
+            "gold": split.labels,
         },
         "host": {"machine": platform.machine(), "cpus": os.cpu_count()},
         "teacher": None,

@@ -3,8 +3,8 @@
 Schema ``compress.report/1`` (top-level keys of report.json):
 
 - ``schema``, ``created`` (UTC ISO time), ``compress_version``, ``run`` (run folder), ``recipe`` (name),
-  ``split`` (which recipe split was evaluated), ``data`` {source, sha256, rows, labels, pairs},
-  ``host`` {machine, cpus}.
+  ``split`` (which recipe split was evaluated), ``data`` {source, sha256, rows, labels, pairs, gold (the
+  gold label id of every row, in row order; None for unlabelled data)}, ``host`` {machine, cpus}.
 - ``teacher``: one entry; ``checkpoints``: entries for models that stages produced (distill, share);
   ``artifacts``: entries for every exported/quantized file. An entry is {name, role, path, format
   (torch|onnx|tflite), target, precision, bytes (weights the runtime loads), total_bytes (whole folder),
@@ -12,8 +12,14 @@ Schema ``compress.report/1`` (top-level keys of report.json):
   threads}, metrics {accuracy, macro_f1, f1 (two labels: positive class = id 1), per_class {label:
   {support, predicted, correct}}, agreement, mean_kl, max_abs_logit_diff (vs the teacher),
   latency_ms {p50, p90, p99, mean, samples, warmup, threads, padded_to}, throughput {batch_size,
-  items_per_s, runtime_batch}, peak_rss_bytes, rss_before_load_bytes}}; artifacts with a target also carry
-  ``budgets`` (the profile's max_bytes / max_latency_p50_ms), gated as ``target.*``.
+  items_per_s, runtime_batch}, peak_rss_bytes, rss_before_load_bytes, accuracy_vs_teacher {method,
+  confidence, resamples, seed, rows, diff_points, ratio}}, predictions (the label id predicted for every
+  row, in row order)}; artifacts with a target also carry ``budgets`` (the profile's max_bytes /
+  max_latency_p50_ms), gated as ``target.*``. ``accuracy_vs_teacher`` is the paired bootstrap interval
+  of the accuracy kept (``compress.metrics.paired_accuracy_interval``): ``diff_points`` (accuracy minus
+  the teacher's, in points) and ``ratio`` (accuracy over the teacher's), each {estimate, low, high}.
+  ``gold``, ``predictions`` and ``accuracy_vs_teacher`` were added within version 1: a report without
+  them still reads, and shows no interval.
 - ``device_results``: rows measured on a board (``compress report --device-results``): {artifact, where
   (device), machine, cpu, board, runtime, threads, latency_ms, input_tokens, padded_to, created,
   source}.
@@ -33,7 +39,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, Strict, StrictBool, StrictInt, StrictStr
 
-from compress.errors import CompressError
+from compress.errors import BadFile, CompressError
 from compress.io import check_model, read_json, write_json_atomic, write_text_atomic
 from compress.subjects import Open
 
@@ -48,6 +54,8 @@ Num = Annotated[float, Strict()] | None
 """A measured number (int or float, never a string or bool), or None when not measured."""
 Scalar = StrictStr | StrictInt | Annotated[float, Strict()] | StrictBool | None
 """A value shown in a table or used as part of a key (never a list or object)."""
+LabelId = Annotated[int, Strict(), Field(ge=0)]
+"""A label id of one row (an index into ``data.labels``; the upper bound is checked against them)."""
 
 
 class Latency(Open):
@@ -68,6 +76,23 @@ class Throughput(Open):
     runtime_batch: Num = None
 
 
+class Bounds(Open):
+    estimate: Annotated[float, Strict()]
+    low: Annotated[float, Strict()]
+    high: Annotated[float, Strict()]
+
+
+class AccuracyVsTeacher(Open):
+    """The paired bootstrap interval of the accuracy kept, as ``paired_accuracy_interval`` writes it."""
+
+    confidence: Annotated[float, Strict(), Field(gt=0, lt=1)]
+    resamples: Annotated[int, Strict(), Field(ge=1)]
+    seed: StrictInt | None = None
+    rows: StrictInt | None = None
+    diff_points: Bounds
+    ratio: Bounds | None = None
+
+
 class Metrics(Open):
     accuracy: Num = None
     f1: Num = None
@@ -79,6 +104,7 @@ class Metrics(Open):
     latency_ms: Latency | None = None
     throughput: Throughput | None = None
     per_class: dict[str, dict[str, Num]] | None = None
+    accuracy_vs_teacher: AccuracyVsTeacher | None = None
 
 
 class Entry(Open):
@@ -94,6 +120,7 @@ class Entry(Open):
     metrics: Metrics
     measured: dict[str, Any] = Field(default_factory=dict)
     budgets: dict[str, Annotated[float, Strict()]] | None = None
+    predictions: list[LabelId] | None = None
 
 
 class ShownEntry(Entry):
@@ -126,6 +153,7 @@ class GateRow(Open):
 
 class ReportData(Open):
     labels: list[StrictStr] = Field(default_factory=list)
+    gold: list[LabelId] | None = None
 
 
 class ReportFile(Open):
@@ -176,8 +204,39 @@ def load_report(path: str | Path, *, shown: bool = False) -> dict[str, Any]:
             f"{path}: schema {schema!r} is not {SCHEMA!r}; read it with the compress that wrote it, "
             f"or {REDO_REPORT}"
         )
-    check_model(path, report, ShownReport if shown else ReportFile, redo=REDO_REPORT)  # the dict read above
-    return report
+    checked = check_model(path, report, ShownReport if shown else ReportFile, redo=REDO_REPORT)
+    check_label_ids(path, report, checked)
+    return report  # the dict read above
+
+
+def check_label_ids(path: Path, report: dict[str, Any], checked: ReportFile) -> None:
+    """Per-row label ids (``data.gold``, each entry's ``predictions``) cover ``data.rows`` rows with ids
+    of ``data.labels``: an interval computed from a list that is short or names a label that does not
+    exist would look like evidence and be none."""
+    found = [("data.gold", checked.data.gold)]
+    if checked.teacher is not None:
+        found.append(("teacher.predictions", checked.teacher.predictions))
+    for group in ("checkpoints", "artifacts"):
+        found += [(f"{group}[{i}].predictions", e.predictions) for i, e in enumerate(getattr(checked, group))]
+    found = [(key, ids) for key, ids in found if ids is not None]
+    if not found:
+        return
+    rows = (report.get("data") or {}).get("rows")
+    if not isinstance(rows, int) or isinstance(rows, bool):
+        raise BadFile(
+            f"{path}: data.rows: must be the row count that {found[0][0]} covers "
+            f"(got {'no value' if rows is None else type(rows).__name__}); {REDO_REPORT}"
+        )
+    labels = len(checked.data.labels)
+    for key, ids in found:
+        if len(ids) != rows:
+            raise BadFile(f"{path}: {key}: {len(ids)} label ids for {rows} rows (data.rows); {REDO_REPORT}")
+        bad = next((i for i, value in enumerate(ids) if value >= labels), None) if labels else None
+        if bad is not None:
+            raise BadFile(
+                f"{path}: {key}[{bad}]: label id {ids[bad]} is out of range for the {labels} labels "
+                f"of data.labels; {REDO_REPORT}"
+            )
 
 
 def _gates_config(recipe: Any) -> dict[str, Any] | None:

@@ -45,6 +45,44 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return lines + ["| " + " | ".join(row) + " |" for row in rows]
 
 
+def kept_cells(entry: Entry) -> tuple[str, str]:
+    """The paired bootstrap interval of the accuracy kept, as two cells: the difference in points and
+    the share of the teacher's accuracy. An entry without per-row predictions (a report written before
+    compress kept them) says it has no interval rather than showing a blank."""
+    kept = entry["metrics"].get("accuracy_vs_teacher")
+    if kept:
+        diff, ratio = kept["diff_points"], kept.get("ratio")
+        share = (
+            f"{100 * ratio['estimate']:.1f}% [{100 * ratio['low']:.1f}, {100 * ratio['high']:.1f}]"
+            if ratio
+            else "–"
+        )
+        return f"[{diff['low']:+.2f}, {diff['high']:+.2f}]", share
+    if entry["role"] != "teacher" and entry.get("predictions") is None:
+        return "no interval", "no interval"
+    return "–", "–"
+
+
+def interval_note(report: dict[str, Any]) -> list[str]:
+    """A paragraph (and its blank line) on how the intervals were computed, or why there are none."""
+    for e in entries(report):
+        kept = e["metrics"].get("accuracy_vs_teacher")
+        if kept:
+            return [
+                f"CI: {100 * kept['confidence']:g}% paired bootstrap percentile interval over the "
+                f"{kept.get('rows', '–')} rows ({kept['resamples']:,} resamples of rows, seed "
+                f"{kept.get('seed', '–')}): each resample scores the model and the teacher on the same rows.",
+                "",
+            ]
+    if any(e["role"] != "teacher" and e.get("predictions") is None for e in entries(report)):
+        return [
+            "No interval: this report keeps no per-row predictions (an older compress wrote it); "
+            "delete report.json and run `compress report RUN` to evaluate the run again.",
+            "",
+        ]
+    return []
+
+
 def quality_table(report: dict[str, Any]) -> list[str]:
     teacher_acc = (report.get("teacher") or {}).get("metrics", {}).get("accuracy")
     rows = []
@@ -60,6 +98,7 @@ def quality_table(report: dict[str, Any]) -> list[str]:
                 e.get("precision") or "–",
                 _num(m.get("accuracy")),
                 _signed(drop),
+                *kept_cells(e),
                 _num(m.get("f1")),
                 _num(m.get("macro_f1")),
                 _num(m.get("agreement")),
@@ -74,6 +113,8 @@ def quality_table(report: dict[str, Any]) -> list[str]:
         "precision",
         "accuracy",
         "Δ acc vs teacher",
+        "Δ acc CI, points",
+        "acc kept [CI]",
         "F1 (pos.)",
         "macro F1",
         "agreement",
@@ -189,6 +230,7 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         *quality_table(report),
         "",
+        *interval_note(report),
         "## Cost",
         "",
         *cost_table(report),

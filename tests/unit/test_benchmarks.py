@@ -184,6 +184,83 @@ def test_results_are_written_as_json_markdown_and_plot(tmp_path: Path):
     assert (tmp_path / "out" / "results.json").is_file()
 
 
+GOLD = [i % 2 for i in range(40)]
+
+
+def _says(right: int) -> list[int]:
+    """Predictions right on the first ``right`` dev rows of GOLD and wrong on the rest."""
+    return [g if i < right else 1 - g for i, g in enumerate(GOLD)]
+
+
+def test_each_row_gets_a_paired_interval_against_the_teacher_pytorch_row_or_says_why_not(tmp_path: Path):
+    table = [
+        _full_row("sst2", "teacher", "torch", "fp32", 0.9, 20.0),
+        _full_row("sst2", "teacher", "onnx", "fp32", 0.9, 10.0),
+        _full_row("sst2", "peer", "onnx", "int8", 0.85, 6.0),
+        _full_row("sst2", "compress", "onnx", "int8", 0.875, 3.0, recipe="distil3"),
+        _full_row("sst2", "compress", "tflite", "int8", 0.8, 3.0, recipe="distil3"),
+    ]
+    for row, right in zip(table, [36, 36, 34, 35, None], strict=True):
+        if right is not None:
+            row["entry"]["predictions"] = _says(right)
+    table[3]["row"] = "distil 6→3 + share + int8 · onnx int8"
+    rows.add_intervals(table, GOLD, resamples=500)
+    assert "accuracy_vs_teacher" not in table[0]  # the reference itself
+    same = table[1]["accuracy_vs_teacher"]
+    assert same["diff_points"] == {"estimate": 0.0, "low": 0.0, "high": 0.0}
+    assert same["vs"] == table[0]["row"] and same["resamples"] == 500
+    peer = table[2]["accuracy_vs_teacher"]
+    assert peer["diff_points"]["estimate"] == pytest.approx(-5.0)  # 2 of 40 rows fewer
+    assert peer["diff_points"]["low"] < -5.0 < peer["diff_points"]["high"] <= 0
+    assert peer["ratio"]["estimate"] == pytest.approx(34 / 36)
+    assert table[4]["accuracy_vs_teacher"] == {
+        "missing": "no per-row predictions (measured before the suite kept them)"
+    }
+    verdict = rows.headline_verdict(table, "distil3", "onnx")
+    assert verdict["accuracy_share_interval"] == table[3]["accuracy_vs_teacher"]["ratio"]
+    results = {
+        "quick": False,
+        "created": "now",
+        "command": "python benchmarks/suite.py",
+        "suite_wall_s": 60.0,
+        "host": {"cpu": "test CPU", "machine": "x86_64", "threads": 2},
+        "versions": {"torch": "x"},
+        "gemm": {
+            "size": 64,
+            "threads": 2,
+            "macs_per_s": {"fp32": 1e9},
+            "peak_macs_per_s": {"fp32": 1e9, "int8": 2e9},
+        },
+        "tasks": {"sst2": {"gold": GOLD}},
+        "rows": table,
+        "recipes": [],
+        "headline": {"sst2": verdict},
+    }
+    render.write_all(results, tmp_path)
+    text = (tmp_path / "results.md").read_text()
+    peer_line = next(line for line in text.splitlines() if line.startswith(f"| {table[2]['row']} |"))
+    low, high = peer["diff_points"]["low"], peer["diff_points"]["high"]
+    assert f"| -5.00 [{low:+.2f}, {high:+.2f}] | 94.4 [" in peer_line
+    assert "| ref | ref |" in next(line for line in text.splitlines() if line.startswith("| teacher · torch"))
+    assert "no interval | no interval" in text and "No interval for some rows: no per-row predictions" in text
+    assert "paired bootstrap percentile intervals over the 40 dev rows (500 resamples" in text
+    share = verdict["accuracy_share_interval"]
+    bounds = f"{100 * share['low']:.1f}–{100 * share['high']:.1f}%"
+    assert f"(keeps the 97% bar; 95% CI {bounds}, its low end is below 97%)" in text
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["rows"][2]["accuracy_vs_teacher"] == peer
+
+
+def test_without_the_teacher_pytorch_row_no_row_has_an_interval():
+    table = [_full_row("sst2", "compress", "onnx", "int8", 0.8, 3.0, recipe="distil3")]
+    table[0]["entry"]["predictions"] = _says(30)
+    rows.add_intervals(table, GOLD)
+    assert table[0]["accuracy_vs_teacher"] == {
+        "missing": "no teacher PyTorch fp32 row in this run (e.g. --only compress)"
+    }
+    assert render.kept_cells(table[0]) == ["no interval", "no interval"]
+
+
 def test_row_labels_say_what_was_done_and_each_quantize_stage_starts_from_the_checkpoint(tmp_path):
     from benchmarks.compress_rows import step_labels
 
@@ -245,7 +322,9 @@ def test_rows_of_several_targets_of_one_format_name_their_target_and_own_scheme(
     }
 
 
-def _seed_run(tmp_path: Path, seed: int | None, accuracy: float, with_teacher: bool) -> Path:
+def _seed_run(
+    tmp_path: Path, seed: int | None, accuracy: float, with_teacher: bool, right: int | None = None
+) -> Path:
     command = "python benchmarks/suite.py --only compress" + (
         f" --set seed={seed}" if seed is not None else ""
     )
@@ -272,9 +351,14 @@ def _seed_run(tmp_path: Path, seed: int | None, accuracy: float, with_teacher: b
                 "p50_ms": 4.0,
             }
         )
+    results = {"command": command, "rows": rows_}
+    if right is not None:  # results that keep per-row predictions: the teacher is right on 36 of 40
+        results["tasks"] = {"sst2": {"gold": GOLD}}
+        for row in rows_:
+            row["entry"] = {"predictions": _says(36 if row["group"] == "teacher" else right)}
     folder = tmp_path / f"run{seed}"
     folder.mkdir()
-    (folder / "results.json").write_text(json.dumps({"command": command, "rows": rows_}))
+    (folder / "results.json").write_text(json.dumps(results))
     return folder
 
 
@@ -292,6 +376,47 @@ def test_seeds_aggregate_spread_and_share_of_the_teacher(tmp_path):
     assert row["accuracy_spread"]["std"] == pytest.approx(0.01)
     assert row["share_of_teacher"]["min"] == pytest.approx(0.975)
     assert "0.79" not in seeds.markdown(summary) and "79.00 ± 1.00" in seeds.markdown(summary)
+
+
+def test_seeds_list_each_seeds_interval_and_pool_them_on_the_shared_rows(tmp_path):
+    runs = [
+        seeds.load(_seed_run(tmp_path, None, 0.85, with_teacher=True, right=34)),
+        seeds.load(_seed_run(tmp_path, 1, 0.9, with_teacher=False, right=36)),
+        seeds.load(_seed_run(tmp_path, 2, 0.8, with_teacher=False, right=32)),
+    ]
+    summary = seeds.aggregate(runs, resamples=400)
+    kept = summary["tasks"]["sst2"]["rows"][0]["accuracy_vs_teacher"]
+    assert kept["vs"] == "teacher · PyTorch fp32"
+    estimates = {s: k["diff_points"]["estimate"] for s, k in kept["per_seed"].items()}
+    assert estimates == pytest.approx({"0": -5.0, "1": 0.0, "2": -10.0})
+    assert kept["per_seed"]["1"]["diff_points"] == {"estimate": 0.0, "low": 0.0, "high": 0.0}
+    pooled = kept["pooled"]
+    assert pooled["pooled"] == 3 and pooled["diff_points"]["estimate"] == pytest.approx(-5.0)
+    assert pooled["diff_points"]["low"] < -5.0 < pooled["diff_points"]["high"]
+    assert pooled["ratio"]["estimate"] == pytest.approx(34 / 36)
+    text = seeds.markdown(summary)
+    assert "seed 2: % of teacher [95% CI]" in text and "pooled: Δ points [95% CI]" in text
+    assert "| 100.0 [100.0, 100.0] |" in text and f"| {100 * 34 / 36:.1f} [" in text
+    assert "no interval" not in text.lower()
+    # a seed measured on other dev rows has no interval, and then the pool has none either
+    runs[2]["tasks"]["sst2"]["gold"] = [*GOLD[:-1], 1 - GOLD[-1]]
+    kept = seeds.aggregate(runs, resamples=50)["tasks"]["sst2"]["rows"][0]["accuracy_vs_teacher"]
+    assert kept["per_seed"]["2"] == {"missing": "measured on other dev rows than the teacher row"}
+    assert kept["pooled"] == {"missing": "1 of 3 seeds have none, so no pooled one"}
+
+
+def test_seeds_from_results_without_predictions_say_there_is_no_interval(tmp_path):
+    runs = [
+        seeds.load(_seed_run(tmp_path, None, 0.78, with_teacher=True)),
+        seeds.load(_seed_run(tmp_path, 1, 0.80, with_teacher=False)),
+    ]
+    summary = seeds.aggregate(runs)
+    assert summary["tasks"]["sst2"]["rows"][0]["accuracy_vs_teacher"]["pooled"] == {
+        "missing": "2 of 2 seeds have none, so no pooled one"
+    }
+    text = seeds.markdown(summary)
+    assert "No interval: no per-row predictions (measured before the suite kept them)." in text
+    assert "[95% CI]" not in text  # no table of empty cells
 
 
 def test_seeds_refuse_repeated_seeds_and_a_missing_teacher(tmp_path):

@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from compress.errors import CompressError
+from compress.metrics import paired_accuracy_interval
 from compress.runtime import runner
 from tests.helpers.fuzz import documents
 
@@ -41,18 +42,21 @@ def report_doc() -> dict[str, Any]:
         "metrics": {"accuracy": 0.5, "agreement": 0.9, "latency_ms": {"p50": 1.0, "p90": 2.0}},
         "measured": {"machine": "x86_64", "runtime": "onnxruntime", "threads": 1},
         "budgets": {"max_bytes": 5000},
+        "predictions": [0, 0],
     }
+    artifact["metrics"]["accuracy_vs_teacher"] = paired_accuracy_interval([0, 0], [0, 1], [0, 1], resamples=5)
     teacher = {
         "name": "teacher",
         "role": "teacher",
         "format": "torch",
         "bytes": 4000,
         "metrics": {"accuracy": 0.9},
+        "predictions": [0, 1],
     }
     return {
         "schema": "compress.report/1",
         "run": "runs/tiny",
-        "data": {"labels": ["neg", "pos"], "rows": 2},
+        "data": {"labels": ["neg", "pos"], "rows": 2, "gold": [0, 1]},
         "teacher": teacher,
         "checkpoints": [],
         "artifacts": [artifact],

@@ -10,7 +10,7 @@ import pytest
 
 from compress.errors import CompressError
 from compress.gate import verdicts_of
-from compress.metrics import fidelity_metrics, latency_summary, task_metrics
+from compress.metrics import fidelity_metrics, latency_summary, paired_accuracy_interval, task_metrics
 from compress.report import SCHEMA, load_report, merge_device_results, regenerate
 from compress.report_render import markdown
 
@@ -168,6 +168,142 @@ def test_a_report_of_another_schema_is_refused(tmp_path: Path):
     (tmp_path / "report.json").write_text(json.dumps({"schema": "compress.report/0"}))
     with pytest.raises(CompressError, match=r"compress\.report/1"):
         load_report(tmp_path)
+
+
+GOLD = [0, 1, 0, 1, 1, 0, 1, 0, 1, 1]
+TEACHER_SAYS = [0, 1, 0, 1, 1, 0, 1, 0, 0, 0]  # right on 8 of 10
+STUDENT_SAYS = [0, 1, 0, 1, 1, 0, 0, 0, 0, 0]  # right on 7 of 10: the teacher's rows but one
+
+
+def _with_predictions() -> dict:
+    report = _report()
+    report["data"]["gold"] = list(GOLD)
+    report["teacher"]["predictions"] = list(TEACHER_SAYS)
+    for entry in report["checkpoints"] + report["artifacts"]:
+        entry["predictions"] = list(STUDENT_SAYS)
+        entry["metrics"]["accuracy_vs_teacher"] = paired_accuracy_interval(STUDENT_SAYS, TEACHER_SAYS, GOLD)
+    return report
+
+
+def test_evaluation_keeps_each_rows_prediction_and_the_interval_against_the_teacher(monkeypatch, tmp_path):
+    from compress import evaluate
+    from compress.data import Split
+    from compress.subjects import Subject
+
+    said = {"teacher": TEACHER_SAYS, "student": STUDENT_SAYS}
+
+    def worker(subject, split, settings, threads):
+        logits = np.eye(2, dtype=np.float32)[said[subject.name]]
+        run = {
+            "latency_ms": {"p50": 1.0},
+            "throughput": {"items_per_s": 1.0},
+            "peak_rss_bytes": 1,
+            "rss_before_load_bytes": 1,
+            "machine": "x86_64",
+            "system": "Linux",
+            "runtime": "fake",
+            "threads": threads,
+            "parameters": 3,
+        }
+        return logits, run
+
+    monkeypatch.setattr(evaluate, "run_worker", worker)
+    subjects = [
+        Subject(name, tmp_path, "torch", role, LABELS)
+        for name, role in (("teacher", "teacher"), ("student", "checkpoint"))
+    ]
+    split = Split([f"row {i}" for i in range(10)], None, GOLD, LABELS, "d.tsv", "ab" * 32)
+    out = evaluate.evaluate_subjects(subjects, split, evaluate.Settings(bootstrap_resamples=500))
+    assert out["data"]["gold"] == GOLD
+    assert out["teacher"]["predictions"] == TEACHER_SAYS
+    assert "accuracy_vs_teacher" not in out["teacher"]["metrics"]
+    student = out["checkpoints"][0]
+    assert student["predictions"] == STUDENT_SAYS
+    assert student["metrics"]["accuracy_vs_teacher"] == paired_accuracy_interval(
+        STUDENT_SAYS, TEACHER_SAYS, GOLD, resamples=500
+    )
+    assert student["metrics"]["accuracy_vs_teacher"]["diff_points"]["estimate"] == pytest.approx(-10.0)
+
+
+def test_predictions_round_trip_and_the_report_shows_each_interval(tmp_path: Path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "report.json").write_text(json.dumps(_with_predictions()))
+    regenerate(run)
+    saved = load_report(run / "report.json", shown=True)
+    assert saved["data"]["gold"] == GOLD and saved["teacher"]["predictions"] == TEACHER_SAYS
+    assert saved["artifacts"][0]["predictions"] == STUDENT_SAYS
+    kept = saved["artifacts"][0]["metrics"]["accuracy_vs_teacher"]
+    text = (run / "report.md").read_text()
+    line = next(row for row in text.splitlines() if row.startswith("| `03-export/pi4-int8`"))
+    diff, ratio = kept["diff_points"], kept["ratio"]
+    assert f"[{diff['low']:+.2f}, {diff['high']:+.2f}]" in line
+    assert f"{100 * ratio['estimate']:.1f}% [{100 * ratio['low']:.1f}, {100 * ratio['high']:.1f}]" in line
+    assert "paired bootstrap" in text and "no interval" not in text
+
+
+@pytest.mark.parametrize(
+    ("damage", "key", "problem"),
+    [
+        (
+            lambda r: r["artifacts"][0]["predictions"].pop(),
+            "artifacts[0].predictions",
+            "9 label ids for 10 rows",
+        ),
+        (lambda r: r["teacher"]["predictions"].append(1), "teacher.predictions", "11 label ids for 10 rows"),
+        (lambda r: r["data"]["gold"].pop(), "data.gold", "9 label ids for 10 rows"),
+        (
+            lambda r: r["artifacts"][0]["predictions"].__setitem__(2, 1.5),
+            "artifacts[0].predictions[2]",
+            "integer",
+        ),
+        (
+            lambda r: r["artifacts"][0]["predictions"].__setitem__(2, "1"),
+            "artifacts[0].predictions[2]",
+            "integer",
+        ),
+        (
+            lambda r: r["checkpoints"][0]["predictions"].__setitem__(4, True),
+            "checkpoints[0].predictions[4]",
+            "integer",
+        ),
+        (
+            lambda r: r["checkpoints"][0]["predictions"].__setitem__(3, -1),
+            "checkpoints[0].predictions[3]",
+            "0",
+        ),
+        (
+            lambda r: r["artifacts"][0]["predictions"].__setitem__(5, 2),
+            "artifacts[0].predictions[5]",
+            "out of range",
+        ),
+        (lambda r: r["data"]["gold"].__setitem__(0, 7), "data.gold[0]", "out of range for the 2 labels"),
+        (lambda r: r["artifacts"][0].__setitem__("predictions", "0101"), "artifacts[0].predictions", "list"),
+        (lambda r: r["data"].pop("rows"), "data.rows", "row count"),
+    ],
+)
+def test_a_wrong_predictions_list_is_one_line_naming_the_file_and_key(tmp_path: Path, damage, key, problem):
+    report = _with_predictions()
+    damage(report)
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps(report))
+    with pytest.raises(CompressError) as caught:
+        load_report(path)
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith(f"{path}: {key}: ")
+    assert problem in message and "compress report RUN" in message
+
+
+def test_an_old_report_without_predictions_still_loads_and_says_it_has_no_interval(tmp_path: Path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "report.json").write_text(json.dumps(_report()))  # written before predictions were kept
+    report = regenerate(run)
+    assert "predictions" not in report["artifacts"][0]
+    text = (run / "report.md").read_text()
+    line = next(row for row in text.splitlines() if row.startswith("| `03-export/pi4-int8`"))
+    assert line.count("no interval") == 2
+    assert "No interval: this report keeps no per-row predictions" in text
 
 
 def test_eval_input_errors_exit_2_with_one_line(tmp_path: Path):
