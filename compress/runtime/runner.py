@@ -775,18 +775,19 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         runner = load(args.dir, threads=args.threads)
-        session = runner.session
-        print(
-            f"runner: {session.interpreter} {session.interpreter_version} runs "
-            f"{runner.model.name}, {runner.why}",
-            file=sys.stderr,
-        )
         if args.command == "predict":
             run_predict(runner, args)
         elif args.command == "benchmark":
             run_benchmark(runner, args)
         else:
             print(json.dumps({**runner.describe(), "device": device_info()}, indent=2))
+        # Which model ran, said once the work is done: a failure prints only its error line.
+        session = runner.session
+        print(
+            f"runner: {session.interpreter} {session.interpreter_version} ran "
+            f"{runner.model.name}, {runner.why}",
+            file=sys.stderr,
+        )
     except RunnerError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

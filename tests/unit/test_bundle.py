@@ -283,7 +283,7 @@ def test_a_tflite_bundle_carries_the_fallback_model_and_says_which_interpreter_r
         [sys.executable, str(folder / "runner.py"), "predict", "good phone"], capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr
-    assert "runs model.tflite, its primary model" in done.stderr
+    assert "ran model.tflite, its primary model" in done.stderr
 
 
 @pytest.mark.parametrize(

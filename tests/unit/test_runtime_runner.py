@@ -221,7 +221,7 @@ def test_the_runner_picks_the_model_its_interpreter_runs_correctly_and_says_whic
     said = capsys.readouterr().err.strip()
     interpreter = "tflite_runtime" if installed else "ai_edge_litert"
     assert said.startswith(f"runner: {interpreter} {installed or ''}".rstrip() + " ")
-    assert f"runs {expected}, " in said
+    assert f"ran {expected}, " in said
     assert ("computes dynamic int8 wrongly" in said) == (expected == FALLBACK)
 
 
