@@ -40,12 +40,21 @@ _NOISY = ("httpx", "urllib3", "filelock", "absl", "torch", "torchao", "onnxscrip
 
 
 @click.group(cls=Group)
-@click.option("-v", "--verbose", is_flag=True, help="More detail on stderr.")
+@click.option(
+    "-v",
+    "--verbose",
+    is_flag=True,
+    help="More detail on stderr, and other libraries' warnings and logs there instead of the run's run.log.",
+)
 @click.version_option(package_name="compress")
-def main(verbose: bool) -> None:
+@click.pass_context
+def main(ctx: click.Context, verbose: bool) -> None:
     """Distil, share, quantize and export a fine-tuned text classifier; check every artifact."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("compress: %(message)s"))
+    from compress.terminal import FORMAT, TERMINAL
+
+    ctx.obj = {"verbose": verbose}
+    handler = logging.StreamHandler(TERMINAL)
+    handler.setFormatter(logging.Formatter(FORMAT))
     ours = logging.getLogger("compress")
     ours.handlers[:] = [handler]
     ours.setLevel(logging.DEBUG if verbose else logging.INFO)
@@ -76,14 +85,18 @@ _set_option = click.option(
     help="Folder that holds run folders.",
 )
 @click.option("--fresh", is_flag=True, help="Ignore finished stages and run everything again.")
-def run(recipe: Path, overrides: tuple[str, ...], out: Path, fresh: bool) -> None:
-    """Run RECIPE end to end into OUT/<name>/, reusing finished stages."""
+@click.pass_obj
+def run(obj: dict | None, recipe: Path, overrides: tuple[str, ...], out: Path, fresh: bool) -> None:
+    """Run RECIPE end to end into OUT/<name>/, reusing finished stages.
+
+    Other libraries' warnings and logs go to OUT/<name>/run.log (to the terminal with -v).
+    """
     from compress.pipeline import run_recipe
     from compress.recipe import load_recipe
     from compress.summary import summary_table
 
     loaded = load_recipe(recipe, overrides)
-    result = run_recipe(loaded, out, fresh=fresh)
+    result = run_recipe(loaded, out, fresh=fresh, quiet=not (obj or {}).get("verbose"))
     click.echo(summary_table(result))
     failed = [gate for gate in (result.report or {}).get("gates", []) if gate["verdict"] == "fail"]
     if failed:

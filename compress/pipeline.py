@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 
 STAGE_SCHEMA = "compress.stage/1"
 RUN_SCHEMA = "compress.run/1"
+RUN_LOG = "run.log"
 _VERSIONED = (
     "compress",
     "torch",
@@ -185,8 +186,12 @@ def _run_stage(
     return manifest
 
 
-def run_recipe(recipe: Any, out_dir: Path, *, fresh: bool = False) -> RunResult:
-    """Run every stage of ``recipe`` into ``out_dir/<name>``, then evaluate and report."""
+def run_recipe(recipe: Any, out_dir: Path, *, fresh: bool = False, quiet: bool = False) -> RunResult:
+    """Run every stage of ``recipe`` into ``out_dir/<name>``, then evaluate and report.
+
+    ``quiet``: what other libraries print (warnings, logs, converters' C++ output) goes to
+    ``run.log`` in the run folder instead of the terminal, which keeps compress's lines and bars.
+    """
     from compress.data import load_recipe_split
     from compress.models import check_model_folder
 
@@ -200,7 +205,7 @@ def run_recipe(recipe: Any, out_dir: Path, *, fresh: bool = False) -> RunResult:
         if getattr(recipe.data, name) is not None
     }
     run_dir = (out_dir / recipe.name).resolve()
-    with run_lock(run_dir):
+    with run_lock(run_dir), _third_party_output(run_dir / RUN_LOG, quiet):
         _remove_stale(run_dir)
         upstream = sha256_json(
             {"teacher": folder_weights_sha(teacher_dir), "trust": recipe.teacher.trust_remote_code}
@@ -275,6 +280,18 @@ def run_recipe(recipe: Any, out_dir: Path, *, fresh: bool = False) -> RunResult:
         report, report_hash = _report(run_dir, recipe, upstream, fresh)
         write_json_atomic(run_dir / "run.json", {**run_manifest, "report_hash": report_hash})
         return RunResult(run_dir, outcomes, report)
+
+
+@contextlib.contextmanager
+def _third_party_output(log_path: Path, quiet: bool) -> Iterator[None]:
+    if not quiet:
+        yield
+        return
+    from compress.terminal import routed
+
+    with routed(log_path):
+        log.info("other libraries' warnings and logs: %s (-v shows them here)", log_path)
+        yield
 
 
 def _report(run_dir: Path, recipe: Any, upstream: str, fresh: bool) -> tuple[dict[str, Any], str]:

@@ -249,27 +249,27 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def plot(report: dict[str, Any], path: str | Path) -> None:
-    """Accuracy against p50 latency; marker area proportional to model bytes; one labelled point per model."""
+def figure(report: dict[str, Any]) -> Any:
+    """Accuracy against p50 latency, marker area proportional to model bytes, every point named.
+
+    Models often sit on nearly the same spot; ``place_labels`` keeps their names apart.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from compress.plot_labels import Point, place_labels
+
     points = [e for e in entries(report) if e["metrics"].get("accuracy") is not None and _lat(e, "p50")]
     largest = max((e["bytes"] for e in points), default=1) or 1
     fig, ax = plt.subplots(figsize=(8, 5.5), dpi=120)
+    labels = []
     for e in points:
         color = {"teacher": "tab:red", "checkpoint": "tab:orange"}.get(e["role"], "tab:blue")
-        x, y = _lat(e, "p50"), e["metrics"]["accuracy"]
-        ax.scatter([x], [y], s=60 + 1500 * e["bytes"] / largest, alpha=0.45, color=color, edgecolors="black")
-        ax.annotate(
-            f"{e['name']}\n{e['bytes'] / 1e6:.1f} MB",
-            (x, y),
-            textcoords="offset points",
-            xytext=(8, 6),
-            fontsize=8,
-        )
+        x, y, size = _lat(e, "p50"), e["metrics"]["accuracy"], 60 + 1500 * e["bytes"] / largest
+        ax.scatter([x], [y], s=size, alpha=0.45, color=color, edgecolors="black", zorder=2)
+        labels.append(Point(x, y, f"{e['name']}\n{e['bytes'] / 1e6:.1f} MB", size**0.5 / 2))
     latencies = [_lat(e, "p50") for e in points]
     if latencies and max(latencies) / min(latencies) > 20:
         ax.set_xscale("log")
@@ -279,6 +279,17 @@ def plot(report: dict[str, Any], path: str | Path) -> None:
     ax.margins(x=0.2, y=0.2)
     ax.grid(True, alpha=0.3)
     fig.tight_layout()
+    ax.set_xlim(ax.get_xlim())  # the labels are placed in pixels: the scale must not move afterwards
+    ax.set_ylim(ax.get_ylim())
+    place_labels(ax, labels, fontsize=8, zorder=3)
+    return fig
+
+
+def plot(report: dict[str, Any], path: str | Path) -> None:
+    """Draw ``figure(report)`` into a PNG at ``path``."""
+    import matplotlib.pyplot as plt
+
+    fig = figure(report)
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png")
     plt.close(fig)

@@ -15,13 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 
 from compress.data import Split
 from compress.distill.config import AugmentOptions
 from compress.distill.proposer import REPORT, fit_proposer
 from compress.errors import ModelError
 from compress.io import atomic_path, sha256_json
+from compress.terminal import progress
 
 Slot = tuple[int, int, int]
 """(start char, end char, token id) of a one-token word."""
@@ -129,12 +129,12 @@ def augment_texts(
     """
     words = word_tokens(tokenizer)
     wordset = set(words.tolist())
-    spans = [slots(tokenizer, t, wordset) for t in tqdm(texts, desc="augment: word slots", leave=False)]
+    spans = [slots(tokenizer, t, wordset) for t in progress(texts, desc="augment: word slots", leave=False)]
     if options.method == "mlm":
         mlm = load_mlm(Path(mlm_folder or options.mlm_model))
         cand_ids = [
             mlm_candidates(mlm, tokenizer, t, s, words, options.candidates)
-            for t, s in tqdm(
+            for t, s in progress(
                 zip(texts, spans, strict=True), total=len(texts), desc="augment: MLM", leave=False
             )
         ]

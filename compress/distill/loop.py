@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 
 from compress.distill.config import INTERMEDIATE_TERMS, DistillOptions
 from compress.distill.data import TransferData
@@ -21,6 +20,7 @@ from compress.distill.objective import DistillModule, Phase
 from compress.errors import TrainingError
 from compress.io import atomic_dir
 from compress.models import save_checkpoint
+from compress.terminal import progress
 from compress.training import check_finite, classification_metrics, optimizer_and_schedule, predict_logits
 
 
@@ -125,7 +125,7 @@ class Loop:
         acc = self.accelerator
         self.model.train()
         sums: dict[str, torch.Tensor] = {}
-        bar = tqdm(self.loader, desc=label, disable=not acc.is_main_process, leave=False)
+        bar = progress(self.loader, desc=label, disable=not acc.is_main_process, leave=False)
         for batch in bar:
             length = int(batch["attention_mask"].sum(dim=1).max())
             target = to_device(self.data.targets.batch(batch["index"], length, self.layers), acc.device)

@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 
 from compress.distill.config import ProposerOptions
 from compress.distill.losses import Masker, mlm_model
 from compress.io import atomic_dir
+from compress.terminal import progress
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ def fit_proposer(
         steps = options.epochs * -(-len(fit_texts) // options.batch_size)
         schedule = get_linear_schedule_with_warmup(optimizer, int(0.06 * steps), steps)
         model.train()
-        with tqdm(total=steps, desc="augment: fit MLM proposer", leave=False) as bar:
+        with progress(total=steps, desc="augment: fit MLM proposer", leave=False) as bar:
             for _ in range(options.epochs):
                 for enc in batches(tokenizer, fit_texts, options.batch_size, rng):
                     loss, _, _ = masked_step(model, masker, enc)

@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 
 from compress.data import Split
 from compress.errors import DataError
 from compress.io import atomic_path, sha256_json
+from compress.terminal import progress
 from compress.training import Encoded, forward_inputs
 
 IGNORE = -100
@@ -83,7 +83,7 @@ def compute_outputs(
     logits, hidden, attn = [], {k: [] for k in hidden_layers}, {k: [] for k in attention_layers}
     # a bar fed len() and update(), not the loader: tqdm(loader) draws from torch's global generator
     # (an extra DataLoader iterator), which would change the seeded training that follows
-    bar = tqdm(total=len(loader), desc="teacher outputs", leave=False)
+    bar = progress(total=len(loader), desc="teacher outputs", leave=False)
     for batch in loader:
         bar.update()
         out = teacher(

@@ -57,10 +57,10 @@ def _train(ctx: StageContext, cfg: FinetuneConfig, best_dir: Path) -> dict:
     """The training loop; the best epoch is saved to ``best_dir``, outside the stage's temporary folder."""
     import torch
     from accelerate import Accelerator
-    from tqdm.auto import tqdm
 
     from compress.io import atomic_dir
     from compress.models import count_parameters, load_classifier, save_checkpoint
+    from compress.terminal import progress
     from compress.training import (
         check_finite,
         classification_metrics,
@@ -98,7 +98,7 @@ def _train(ctx: StageContext, cfg: FinetuneConfig, best_dir: Path) -> dict:
     start, step, best, history = time.time(), 0, -1.0, []
     for epoch in range(cfg.epochs):
         model.train()
-        bar = tqdm(
+        bar = progress(
             loader,
             desc=f"finetune epoch {epoch + 1}/{cfg.epochs}",
             leave=False,
