@@ -13,10 +13,13 @@ Nothing is random: the same report always draws the same picture.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 GAP_PT = 3.0
 """Space between a marker's edge and its label."""
@@ -71,6 +74,7 @@ def place_labels(ax: Any, points: Sequence[Point], **text: Any) -> list[Any]:
     """
     canvas = _Canvas(ax, points)
     labels = []
+    crowded: list[str] = []
     for p in points:
         label = ax.annotate(p.label, (p.x, p.y), textcoords="offset points", xytext=(0, 0), **text)
         label.set_horizontalalignment("left")
@@ -84,7 +88,17 @@ def place_labels(ax: Any, points: Sequence[Point], **text: Any) -> list[Any]:
                 canvas.put(labels[index], spot, leader)
             continue
         for index in group:  # one at a time: each label sees the ones placed before it
-            canvas.put(labels[index], *canvas.nearest(index, *sizes[index], to_centre=len(group) > 1))
+            found = canvas.nearest(index, *sizes[index], to_centre=len(group) > 1)
+            if found is None:  # a full figure: the label goes beside its marker rather than fail the report
+                crowded.append(points[index].label)
+                found = (Spot(GAP_PT, GAP_PT, "left", "bottom"), None)
+            canvas.put(labels[index], *found)
+    if crowded:
+        log.warning(
+            "report plot: no free room for %d label(s) (%s); they sit beside their markers and may overlap",
+            len(crowded),
+            ", ".join(crowded[:3]) + (", ..." if len(crowded) > 3 else ""),
+        )
     return labels
 
 
@@ -174,7 +188,7 @@ class _Canvas:
             boxes.append(box)
         return out
 
-    def nearest(self, index: int, width: float, height: float, *, to_centre: bool) -> tuple[Spot, Any]:
+    def nearest(self, index: int, width: float, height: float, *, to_centre: bool) -> tuple[Spot, Any] | None:
         """The nearest free spot for a ``width`` × ``height`` label of point ``index``, and its leader
         line (None when the label sits next to its point and its marker overlaps no other)."""
         from matplotlib.transforms import Bbox
@@ -193,7 +207,7 @@ class _Canvas:
                 leader = _line((x, y, r), (tx, ty), to_centre=to_centre) if far else None
                 if self.free(box, leader, strict=strict):
                     return spot, leader
-        raise ValueError(f"no room in the figure for the label {point.label!r}")
+        return None
 
     def free(self, box: Any, leader: Any | None, *, strict: bool, also: Sequence[Any] = ()) -> bool:
         """No label ever overlaps another (placed, or ``also`` about to be); ``strict`` also keeps it

@@ -83,7 +83,16 @@ def routed(log_path: Path) -> Iterator[Path]:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     _flush(sys.stdout, sys.stderr)
     with contextlib.ExitStack() as undo:  # undoes in reverse order whatever was done before a failure
-        log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:  # never through a planted symlink
+            log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644)
+        except OSError as exc:
+            from compress.errors import CompressError
+
+            reason = "it is a symbolic link" if os.path.islink(log_path) else exc.strerror
+            raise CompressError(
+                f"{log_path}: cannot open the run log ({reason}); remove or fix it, or pass -v to keep "
+                "other libraries' output on the terminal"
+            ) from None
         undo.callback(os.close, log_fd)
         stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
         os.write(log_fd, f"\n==== compress (pid {os.getpid()}) {stamp} ====\n".encode())

@@ -71,3 +71,20 @@ def test_the_same_report_draws_the_same_labels():
             plt.close(fig)
 
     assert positions() == positions()
+
+
+def test_a_figure_with_no_room_left_still_draws_every_label_and_says_so(caplog):
+    """60 names on one spot do not fit: the report is still written, each crowded name beside its
+    marker, with one warning (it used to raise after the whole evaluation and leave no report)."""
+    import matplotlib.pyplot as plt
+
+    from compress.report_render import figure
+
+    with caplog.at_level("WARNING", logger="compress.plot_labels"):
+        fig = figure(crowded_report(60))
+    try:
+        assert len([t for t in fig.axes[0].texts if t.get_text()]) == 62
+    finally:
+        plt.close(fig)
+    [warning] = [r for r in caplog.records if r.name == "compress.plot_labels"]
+    assert "no free room for" in warning.getMessage()

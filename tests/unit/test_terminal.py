@@ -108,3 +108,21 @@ def test_compress_keeps_the_terminal_and_the_rest_goes_to_the_log(tmp_path: Path
     ):
         assert line in text, f"{line!r} not in the log:\n{text}"
     assert "bar of compress" not in text
+
+
+@pytest.mark.parametrize("kind", ["directory", "symlink"])
+def test_an_unusable_run_log_is_one_clear_error_and_leaves_the_descriptors(tmp_path: Path, kind: str):
+    from compress.errors import CompressError
+
+    log = tmp_path / "run" / "run.log"
+    log.parent.mkdir()
+    if kind == "directory":
+        log.mkdir()
+    else:
+        log.symlink_to(tmp_path / "elsewhere.log")
+    before = {fd: _descriptor(fd) for fd in (1, 2)}
+    expected = r"run\.log: cannot open the run log \(.+\); remove or fix it"
+    with pytest.raises(CompressError, match=expected), routed(log):
+        pass
+    assert {fd: _descriptor(fd) for fd in (1, 2)} == before
+    assert not (tmp_path / "elsewhere.log").exists()
