@@ -215,15 +215,18 @@ def run_passes(run: dict[str, Any], total: int, min_agreement: float = 1.0) -> b
 def host_predictions(
     bundle: Path, folder: Path, runner: Any, texts: list[str], pairs: list[str] | None
 ) -> dict[str, dict[str, Any]]:
-    """The host's labels and logits from every model in the bundle: its primary, then each fallback
-    (run by the host's interpreter), so each emulated interpreter is compared on the model it picks."""
+    """The host's labels and logits from every model in the bundle: its primary ``model.<format>``, then
+    each fallback, each loaded by name (``load(..., model=...)``) and run by the host's interpreter, keyed
+    by its path relative to the folder as the emulated runs report theirs, so each emulated interpreter is
+    compared on the model it picks. ``runner`` (the already verified load) gives the manifest."""
     from compress.runtime.runner import RunnerError, load
 
-    models = [runner.model.name, *(entry["path"] for entry in runner.manifest.get("fallbacks", []))]
+    manifest = runner.manifest
+    models = [f"model.{manifest['format']}", *(entry["path"] for entry in manifest.get("fallbacks", []))]
     host = {}
     for model in dict.fromkeys(models):
         try:
-            chosen = runner if model == runner.model.name else load(folder, verify=False, model=model)
+            chosen = load(folder, verify=False, model=model)
             logits = chosen.predict_logits(texts, pairs)
         except RunnerError as exc:
             raise CompressError(f"{bundle}: {exc}") from None
@@ -242,9 +245,10 @@ def model_contracts(manifest: dict[str, Any]) -> dict[str, Any]:
     return {path: {"ops": (contract or {}).get("ops")} for path, contract in models.items()}
 
 
-def verification_record(result: dict[str, Any], bundle_sha256: str) -> dict[str, Any]:
+def verification_record(result: dict[str, Any]) -> dict[str, Any]:
     """What a passing verify-arm proves: these interpreter versions loaded these model files on emulated
-    aarch64 and gave the host's labels. Only the versions run are named; no other version is claimed."""
+    aarch64 and gave the host's labels. Only the versions run are named; no other version is claimed.
+    The bundle's sha256 is the one hashed before it was unpacked (``result['bundle_sha256']``)."""
     models: dict[str, Any] = {path: {**entry, "verified": []} for path, entry in result["models"].items()}
     for run in result["runs"]:
         models[run["model"]]["sha256"] = run["model_sha256"]
@@ -262,7 +266,7 @@ def verification_record(result: dict[str, Any], bundle_sha256: str) -> dict[str,
     return {
         "schema": VERIFICATION_SCHEMA,
         "bundle": Path(result["bundle"]).name,
-        "bundle_sha256": bundle_sha256,
+        "bundle_sha256": result["bundle_sha256"],
         "artifact": result["artifact"],
         "emulator": {k: v for k, v in result["emulator"].items() if k != "root"},
         "min_agreement": result["min_agreement"],
@@ -276,17 +280,46 @@ def record_path(bundle: Path) -> Path:
     return bundle.with_name(bundle.name + ".verified.json")
 
 
+def remove_verification(bundle: Path) -> None:
+    """Delete ``<bundle>.verified.json`` left by an earlier run; verify-arm does this before any work, so
+    a run that fails at any point leaves no record that no longer describes the latest verification."""
+    if not bundle.name:  # "/" or ".": not a bundle file; the bundle check says so
+        return
+    path = record_path(bundle)
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as exc:
+        raise CompressError(
+            f"{path}: cannot remove the earlier verification record ({exc.strerror or type(exc).__name__}); "
+            "delete it by hand and run verify-arm again"
+        ) from None
+
+
 def write_verification(bundle: Path, result: dict[str, Any]) -> Path | None:
     """On a pass, write ``<bundle>.verified.json``; on a failure remove one left by an earlier pass, so
     a record beside a bundle always describes the latest verification of those bytes."""
-    from compress.io import sha256_file, write_json_atomic
+    from compress.io import write_json_atomic
 
-    path = record_path(bundle)
     if not result["ok"]:
-        path.unlink(missing_ok=True)
+        remove_verification(bundle)
         return None
-    write_json_atomic(path, verification_record(result, sha256_file(bundle)))
+    path = record_path(bundle)
+    write_json_atomic(path, verification_record(result))
     return path
+
+
+def bundle_sha256(bundle: Path) -> str:
+    """The bundle's sha256, taken before it is unpacked: the bytes the verification is about."""
+    from compress.io import require_regular_file, sha256_file
+
+    require_regular_file(bundle, "make one with `compress bundle`")  # a FIFO would block the hash
+    try:
+        return sha256_file(bundle)
+    except OSError as exc:
+        raise CompressError(
+            f"{bundle}: not a readable bundle ({exc.strerror or type(exc).__name__}); "
+            "copy it again or make one with `compress bundle`"
+        ) from None
 
 
 def verify_arm(
@@ -303,6 +336,7 @@ def verify_arm(
     from compress.runtime.runner import RunnerError, load
 
     bundle = Path(bundle)
+    sha256 = bundle_sha256(bundle)
     with tempfile.TemporaryDirectory(prefix="compress-arm-") as scratch:
         folder = unpack(bundle, Path(scratch))  # the bundle is checked before the emulated root is built
         try:
@@ -346,6 +380,7 @@ def verify_arm(
             )
         return {
             "bundle": str(bundle),
+            "bundle_sha256": sha256,
             "bundle_bytes": bundle.stat().st_size,
             "artifact": runner.manifest.get("name"),
             "format": runner.manifest["format"],

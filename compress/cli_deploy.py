@@ -38,10 +38,25 @@ def bundle_cmd(run: Path, target: str, out: Path | None) -> None:
 
 def recipe_min_agreement(run_dir: Path) -> float | None:
     """1 - the run's quantize ``tolerable_loss``: the share of labels int8 may change is the share
-    that may differ on another instruction set. None when the recipe has no quantize stage."""
-    from compress.subjects import recipe_of_run
+    that may differ on another instruction set. The value each quantize stage ran with (its manifest's
+    ``info.tolerable_loss``; the smallest) comes first, the recipe file's only when no stage recorded
+    one. None when there is no quantize stage."""
+    from compress.subjects import REDO_RUN, read_run_file, read_stage_manifest, recipe_of_run
 
-    losses = [s.tolerable_loss for s in recipe_of_run(run_dir).stages if s.type == "quantize"]
+    recorded = []
+    for stage in read_run_file(run_dir).stages:
+        manifest = read_stage_manifest(run_dir / stage.dir) if stage.type == "quantize" else None
+        info = (manifest.model_extra or {}).get("info") if manifest is not None else None
+        loss = info.get("tolerable_loss") if isinstance(info, dict) else None
+        if loss is None:
+            continue
+        if isinstance(loss, bool) or not isinstance(loss, (int, float)) or not 0 <= loss <= 1:
+            raise CompressError(
+                f"{run_dir / stage.dir / 'manifest.json'}: info.tolerable_loss must be a number from 0 "
+                f"to 1 (got {loss!r}); {REDO_RUN}, or pass --min-agreement"
+            )
+        recorded.append(float(loss))
+    losses = recorded or [s.tolerable_loss for s in recipe_of_run(run_dir).stages if s.type == "quantize"]
     return round(1.0 - min(losses), 6) if losses else None
 
 
@@ -97,8 +112,8 @@ def _texts(run_dir: Path | None, data: Path | None) -> tuple[list[str], list[str
     type=click.FloatRange(min=0, max=1),
     default=None,
     help="Pass when at least this share of labels match the host's (int8 kernels of two instruction sets "
-    "can round a near tie apart); every difference is printed. [default: with --run, 1 - the recipe's "
-    "quantize tolerable_loss; else 1.0]",
+    "can round a near tie apart); every difference is printed. [default: with --run, 1 - the "
+    "tolerable_loss its quantize stage ran with; else 1.0]",
 )
 @click.pass_context
 def verify_arm_cmd(
@@ -113,9 +128,10 @@ def verify_arm_cmd(
 ) -> None:
     """Run BUNDLE on emulated arm64 (bookworm under qemu) with each of its interpreters; labels must agree
     with the host's labels of the model each interpreter picks. A pass is recorded in BUNDLE.verified.json."""
-    from compress.arm import verify_arm, write_verification
+    from compress.arm import remove_verification, verify_arm, write_verification
     from compress.io import check_output_path, write_json_atomic
 
+    remove_verification(bundle)  # before any work: a run that fails anywhere leaves no earlier record
     if out is not None:
         check_output_path(out)
     texts, pairs, source = _texts(run_dir, data)

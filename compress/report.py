@@ -20,7 +20,8 @@ Schema ``compress.report/1`` (top-level keys of report.json):
   the teacher's, in points) and ``ratio`` (accuracy over the teacher's), each {estimate, low, high}.
   ``gold``, ``predictions`` and ``accuracy_vs_teacher`` were added within version 1: a report without
   them still reads, and shows no interval.
-- ``device_results``: rows measured on a board (``compress report --device-results``): {artifact, where
+- ``device_results``: rows measured on a board (``compress report --device-results``): {artifact, model
+  (the model file that ran: model.<format>, or a fallback such as fallback-weight-only.tflite), where
   (device), machine, cpu, board, runtime, threads, latency_ms, input_tokens, padded_to, created,
   source}.
 - ``gates_config``: the recipe's ``gates`` (baseline path resolved), so ``compress gate`` needs no recipe;
@@ -303,6 +304,22 @@ def build_run_report(run_dir: str | Path, recipe: Any) -> dict[str, Any]:
     return report
 
 
+def fallback_shas(artifact: dict[str, Any]) -> dict[str, str]:
+    """The sha256 of each fallback model the artifact folder's manifest lists (``fallbacks``, their
+    hashes from ``files``); none for an entry without a folder on this machine."""
+    from compress.bundle import check_fallbacks
+    from compress.subjects import present, read_artifact_manifest
+
+    folder = Path(artifact["path"]) if isinstance(artifact.get("path"), str) else None
+    if artifact.get("format") != "tflite" or folder is None or not present(folder / "manifest.json"):
+        return {}
+    manifest = read_artifact_manifest(folder)
+    files = {f.path: f.sha256 for f in manifest.files}
+    raw = manifest.model_dump(by_alias=True)
+    check_fallbacks(folder, raw, set(files))
+    return {entry["path"]: files[entry["path"]] for entry in raw.get("fallbacks") or []}
+
+
 def _device_row(result: dict[str, Any], artifacts: list[dict[str, Any]], source: Path) -> dict[str, Any]:
     from pydantic import ValidationError
 
@@ -315,15 +332,20 @@ def _device_row(result: dict[str, Any], artifacts: list[dict[str, Any]], source:
         DeviceResult.model_validate(result)
     except ValidationError as exc:
         raise CompressError(schema_error_line(source, exc, REDO_DEVICE)) from None
-    match = [a for a in artifacts if a.get("sha256") == result.get("model_sha256")]
+    sha = result.get("model_sha256")
+    match = [(a, f"model.{a.get('format')}") for a in artifacts if a.get("sha256") == sha]
+    if not match:  # a device whose interpreter ran the artifact's fallback model (tflite-runtime < 2.15)
+        match = [(a, model) for a in artifacts for model, s in fallback_shas(a).items() if s == sha]
     if not match:
         raise CompressError(
-            f"{source}: model sha256 {str(result.get('model_sha256'))[:12]}… matches no artifact "
-            "of this run; benchmark a bundle made from this run"
+            f"{source}: model sha256 {str(sha)[:12]}… matches no artifact of this run (model or "
+            "fallback); benchmark a bundle made from this run"
         )
+    artifact, model = match[0]
     device, interpreter = result.get("device") or {}, result.get("interpreter") or {}
     return {
-        "artifact": match[0]["name"],
+        "artifact": artifact["name"],
+        "model": model,
         "where": "device",
         "machine": device.get("machine"),
         "cpu": device.get("cpu_model"),

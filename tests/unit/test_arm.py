@@ -102,7 +102,8 @@ def passing_result(bundle: Path, ok: bool = True) -> dict:
          "total": 250},
     ]  # fmt: skip
     return {
-        "bundle": str(bundle), "artifact": "04-quantize/raspberry-pi-4-int8", "runs": runs, "ok": ok,
+        "bundle": str(bundle), "bundle_sha256": "c" * 64, "artifact": "04-quantize/raspberry-pi-4-int8",
+        "runs": runs, "ok": ok,
         "models": {"model.tflite": {"ops": [{"op": "FULLY_CONNECTED", "version": 9}]},
                    "fallback-weight-only.tflite": {"ops": [{"op": "DEQUANTIZE", "version": 4}]}},
         "emulator": {"qemu_cpu": "cortex-a72", "debian": "bookworm", "root": "/cache/root"},
@@ -111,14 +112,16 @@ def passing_result(bundle: Path, ok: bool = True) -> dict:
 
 
 def test_a_pass_records_which_interpreter_versions_loaded_which_model_and_a_failure_removes_it(tmp_path):
-    from compress.io import read_json, sha256_file
+    from compress.io import read_json
 
     bundle = tmp_path / "pi.tar.gz"
     bundle.write_bytes(b"bundle bytes")
     path = arm.write_verification(bundle, passing_result(bundle))
     assert path == tmp_path / "pi.tar.gz.verified.json"
     record = read_json(path)
-    assert record["schema"] == "compress.verification/1" and record["bundle_sha256"] == sha256_file(bundle)
+    assert (
+        record["schema"] == "compress.verification/1" and record["bundle_sha256"] == "c" * 64
+    )  # hashed before unpacking
     primary, fallback = record["models"]["model.tflite"], record["models"]["fallback-weight-only.tflite"]
     assert [(v["interpreter"], v["version"]) for v in primary["verified"]] == [("ai_edge_litert", "2.3.0")]
     assert [(v["interpreter"], v["version"]) for v in fallback["verified"]] == [("tflite_runtime", "2.14.0")]
@@ -126,3 +129,99 @@ def test_a_pass_records_which_interpreter_versions_loaded_which_model_and_a_fail
     assert "root" not in record["emulator"]
     assert arm.write_verification(bundle, passing_result(bundle, ok=False)) is None
     assert not path.exists()
+
+
+def test_host_predictions_load_each_model_by_its_path_in_the_folder(monkeypatch, tmp_path):
+    import numpy as np
+
+    import compress.runtime.runner as runner_module
+
+    loaded = []
+
+    class Fake:
+        def __init__(self, model):
+            self.model = model
+
+        def predict_logits(self, texts, pairs):
+            return np.zeros((len(texts), 2))
+
+        def decode(self, logits):
+            return [{"label": "neg", "score": 0.5} for _ in logits]
+
+        def describe(self):
+            return {"model_sha256": self.model}
+
+    def fake_load(folder, *, verify=True, threads=None, model=None):
+        loaded.append((model, verify))
+        return Fake(model)
+
+    monkeypatch.setattr(runner_module, "load", fake_load)
+    picked = Fake("x")  # the host's own pick (a fallback here): not what keys the predictions
+    picked.model = tmp_path / "sub" / "fb.tflite"
+    picked.manifest = {"format": "tflite", "fallbacks": [{"path": "sub/fb.tflite"}]}
+    host = arm.host_predictions(tmp_path / "b.tar.gz", tmp_path, picked, ["a", "b"], None)
+    assert list(host) == ["model.tflite", "sub/fb.tflite"]
+    assert loaded == [("model.tflite", False), ("sub/fb.tflite", False)]
+    assert host["sub/fb.tflite"]["sha256"] == "sub/fb.tflite" and len(host["model.tflite"]["rows"]) == 2
+
+
+def test_verify_arm_hashes_the_bundle_before_unpacking_it(monkeypatch, tmp_path):
+    calls = []
+    hash_bundle, unpack = arm.bundle_sha256, arm.unpack
+
+    def hashed(bundle):
+        calls.append("hash")
+        return hash_bundle(bundle)
+
+    def unpacked(bundle, into):
+        calls.append("unpack")
+        return unpack(bundle, into)
+
+    monkeypatch.setattr(arm, "bundle_sha256", hashed)
+    monkeypatch.setattr(arm, "unpack", unpacked)
+    bundle = tmp_path / "b.tar.gz"
+    bundle.write_bytes(b"not a tarball")
+    with pytest.raises(CompressError, match="not a readable bundle"):
+        arm.verify_arm(bundle, ["a"])
+    assert calls == ["hash", "unpack"]
+
+
+def test_a_failed_verify_arm_removes_an_earlier_record_before_any_work(tmp_path):
+    bundle, texts = tmp_path / "pi.tar.gz", tmp_path / "texts.txt"
+    bundle.write_bytes(b"not a tarball")
+    texts.write_text("good phone\n")
+    record = arm.record_path(bundle)
+    record.write_text("{}")
+    result = CliRunner().invoke(verify_arm_cmd, [str(bundle), "--data", str(texts)])
+    assert result.exit_code != 0 and "not a readable bundle" in str(result.exception)
+    assert not record.exists()
+    record.write_text("{}")  # also when the command fails before reading the bundle
+    result = CliRunner().invoke(verify_arm_cmd, [str(bundle)])
+    assert result.exit_code != 0 and not record.exists()
+
+
+def test_min_agreement_comes_from_the_tolerable_loss_the_quantize_stages_ran_with(monkeypatch, tmp_path):
+    from types import SimpleNamespace
+
+    import compress.subjects
+    from compress.cli_deploy import recipe_min_agreement
+    from compress.io import write_json_atomic
+
+    stages = [{"type": "distill", "dir": "01-distill"}, {"type": "quantize", "dir": "02-quantize"},
+              {"type": "quantize", "dir": "03-quantize"}]  # fmt: skip
+    write_json_atomic(tmp_path / "run.json", {"schema": "compress.run/1", "stages": stages})
+    for folder, loss in (("01-distill", 0.5), ("02-quantize", 0.02), ("03-quantize", 0.01)):
+        (tmp_path / folder).mkdir()
+        write_json_atomic(
+            tmp_path / folder / "manifest.json",
+            {"schema": "compress.stage/1", "complete": True, "info": {"tolerable_loss": loss}},
+        )
+    recipe = SimpleNamespace(stages=[SimpleNamespace(type="quantize", tolerable_loss=0.2)])
+    monkeypatch.setattr(compress.subjects, "recipe_of_run", lambda run_dir: recipe)  # edited since the run
+    assert recipe_min_agreement(tmp_path) == 0.99
+    for folder in ("02-quantize", "03-quantize"):  # a run whose stages recorded none: the recipe's
+        write_json_atomic(tmp_path / folder / "manifest.json", {"schema": "compress.stage/1", "info": {}})
+    assert recipe_min_agreement(tmp_path) == 0.8
+    write_json_atomic(tmp_path / "03-quantize" / "manifest.json", {"info": {"tolerable_loss": "1%"}})
+    with pytest.raises(CompressError, match=r"03-quantize/manifest\.json: info\.tolerable_loss must be"):
+        recipe_min_agreement(tmp_path)

@@ -136,6 +136,33 @@ def test_device_results_merge_by_model_hash_and_replace_the_same_device(tmp_path
     assert rows[0]["latency_ms"]["p50"] == 29.0
 
 
+def test_device_results_from_the_fallback_model_merge_and_name_it(tmp_path: Path):
+    from compress.io import write_json_atomic
+
+    folder = tmp_path / "pi4-int8"
+    folder.mkdir()
+    fallback = "fallback-weight-only.tflite"
+    write_json_atomic(
+        folder / "manifest.json",
+        {
+            "schema": "compress.artifact/1", "kind": "artifact", "format": "tflite", "max_length": 16,
+            "files": [{"path": "model.tflite", "sha256": "a" * 64}, {"path": fallback, "sha256": "b" * 64}],
+            "fallbacks": [{"path": fallback, "interpreter": "tflite_runtime", "below": "2.15",
+                           "scheme": "weight-only", "reason": "2.14 computes dynamic int8 wrongly"}],
+        },
+    )  # fmt: skip
+    report = _report()
+    report["artifacts"][0]["path"] = str(folder)
+    path = tmp_path / "pi.json"
+    path.write_text(json.dumps(_device_result(sha="b" * 64)))
+    merge_device_results(report, path)
+    row = report["device_results"][0]
+    assert row["artifact"] == "03-export/pi4-int8" and row["model"] == fallback
+    path.write_text(json.dumps(_device_result(sha="a" * 64)))
+    merge_device_results(report, path)
+    assert report["device_results"][-1]["model"] == "model.tflite"
+
+
 def test_device_results_for_a_model_not_in_the_run_are_refused(tmp_path: Path):
     path = tmp_path / "other.json"
     path.write_text(json.dumps(_device_result(sha="f" * 64)))
