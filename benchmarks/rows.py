@@ -151,3 +151,16 @@ def headline_verdict(rows: list[dict[str, Any]], recipe: str, fmt: str) -> dict[
         "against": against,
         "ahead_of_all": keeps and bool(beaten) and all(beaten),
     }
+
+
+def positive_int(text: str) -> int:
+    """argparse type: a whole number > 0."""
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number > 0")
+    return value

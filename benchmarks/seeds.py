@@ -28,7 +28,7 @@ from typing import Any
 if not __package__:  # run as ``python benchmarks/seeds.py``: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.rows import is_reference
+from benchmarks.rows import is_reference, positive_int
 from compress.io import read_json, write_json_atomic, write_text_atomic
 from compress.metrics import RESAMPLES, paired_accuracy_interval, pooled_accuracy_interval
 
@@ -247,7 +247,7 @@ def main() -> None:
     parser.add_argument("runs", nargs="+", type=Path, help="suite results folders, one per seed")
     parser.add_argument("--out", type=Path, required=True, help="folder for seeds.md/.json/.png")
     parser.add_argument(
-        "--bootstrap-resamples", type=int, default=RESAMPLES, help="resamples of each interval"
+        "--bootstrap-resamples", type=positive_int, default=RESAMPLES, help="resamples of each interval"
     )
     args = parser.parse_args()
     summary = aggregate([load(p) for p in args.runs], args.bootstrap_resamples)

@@ -98,7 +98,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--bootstrap-resamples",
-        type=int,
+        type=rows.positive_int,
         default=RESAMPLES,
         help="resamples of the paired bootstrap interval of each row's accuracy vs the teacher",
     )

@@ -196,7 +196,8 @@ def device_table(report: dict[str, Any]) -> list[str]:
     host = {e["name"]: _lat(e, "p50") for e in report.get("artifacts", [])}
     rows = [
         [
-            f"`{r['artifact']}`",
+            f"`{r['artifact']}`"
+            + (f" ({r['model']})" if not str(r.get("model", "model.")).startswith("model.") else ""),
             r["where"],
             f"{r.get('board') or r.get('cpu') or '–'} ({r.get('machine')})",
             f"{r['runtime']}, {r.get('threads')} thr",

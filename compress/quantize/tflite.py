@@ -177,6 +177,9 @@ def write_fallbacks(
         if not path.is_file():
             q = build_quantizer(float_dir / "model.tflite", rule.scheme, channels, float_layers, full_integer)
             write_model(q, rule.scheme, calibration, path)
+        # the fallback is int8 too: every large constant, as for the primary model
+        scopes = [LOGITS_SCOPE, *(layer_scope(layer) for layer in float_layers)]
+        require_int8_constants(path.name, tflite_float_constants(path, scopes))
         entries.append(
             {
                 "path": path.name,

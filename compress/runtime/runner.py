@@ -227,6 +227,10 @@ def version_tuple(version: str) -> tuple[int, ...] | None:
     return tuple(int(part) for part in match.group(0).split(".")) if match else None
 
 
+def printable(text: str) -> str:
+    return "".join(c for c in text if c.isprintable())
+
+
 def choose_model(manifest: dict[str, Any], interpreter: str, version: str) -> tuple[str, str]:
     """The model file this interpreter runs correctly, and why: a fallback whose interpreter this is and
     whose ``below`` this version is under (an unreadable version takes the fallback too), else the primary."""
@@ -234,9 +238,11 @@ def choose_model(manifest: dict[str, Any], interpreter: str, version: str) -> tu
     for entry in manifest.get("fallbacks", []):
         if entry["interpreter"] == interpreter and (found is None or found < version_tuple(entry["below"])):
             scheme = f"{entry['scheme']} " if isinstance(entry.get("scheme"), str) else ""
+            # the manifest's own words reach the terminal: printable characters only (no escapes)
+            reason = printable(str(entry.get("reason") or "see manifest.json"))
             return entry["path"], (
-                f"its {scheme}model for {interpreter} < {entry['below']}, not {MODEL_FILES['tflite']}: "
-                f"{str(entry.get('reason') or 'see manifest.json').strip()}"
+                f"its {printable(scheme)}model for {interpreter} < {entry['below']}, "
+                f"not {MODEL_FILES['tflite']}: {reason.strip()}"
             )
     quantization = manifest.get("quantization") if isinstance(manifest.get("quantization"), dict) else {}
     what = " ".join(str(quantization[k]) for k in ("scheme", "granularity") if quantization.get(k))

@@ -241,3 +241,22 @@ def test_an_op_the_targets_runtime_cannot_load_fails_quantize_in_one_line(tmp_pa
         quantize_tflite(float_dir, tmp_path / "pi", scheme="dynamic", profile=pi_profile())
     assert "\n" not in str(info.value)
     assert not (tmp_path / "pi").exists()
+
+
+def test_a_fallback_that_keeps_large_float_constants_fails_quantize(tmp_path, tiny_tflite, monkeypatch):
+    """The fallback ships as int8 too: the same every-large-constant check as the primary model."""
+    import compress.quantize.tflite as qt
+
+    real = qt.tflite_float_constants
+
+    def fallback_left_float(path, scopes=()):
+        found = real(path, scopes)
+        return {**found, "encoder/layer_0/dense": 70_000} if path.name.startswith("fallback-") else found
+
+    monkeypatch.setattr(qt, "tflite_float_constants", fallback_left_float)
+    float_dir, _ = tiny_tflite
+    with pytest.raises(
+        ExportError, match=r"^fallback-weight-only\.tflite: 1 constant\(s\) of >= 64 KiB stayed float"
+    ):
+        quantize_tflite(float_dir, tmp_path / "pi", scheme="dynamic", profile=pi_profile())
+    assert not (tmp_path / "pi").exists()

@@ -158,9 +158,13 @@ def test_device_results_from_the_fallback_model_merge_and_name_it(tmp_path: Path
     merge_device_results(report, path)
     row = report["device_results"][0]
     assert row["artifact"] == "03-export/pi4-int8" and row["model"] == fallback
+    from compress.report_render import device_table
+
+    assert f"`03-export/pi4-int8` ({fallback}) |" in "\n".join(device_table(report))
     path.write_text(json.dumps(_device_result(sha="a" * 64)))
     merge_device_results(report, path)
     assert report["device_results"][-1]["model"] == "model.tflite"
+    assert "`03-export/pi4-int8` |" in "\n".join(device_table(report))  # the primary's row names no file
 
 
 def test_device_results_for_a_model_not_in_the_run_are_refused(tmp_path: Path):

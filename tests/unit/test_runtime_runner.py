@@ -270,3 +270,14 @@ def test_a_named_model_runs_whatever_the_interpreter_would_pick(artifacts, tmp_p
     assert rt.load(folder, model=FALLBACK).model.name == FALLBACK
     with pytest.raises(rt.RunnerError, match=r"no model 'x\.tflite'; it lists \['model\.tflite', "):
         rt.load(folder, model="x.tflite")
+
+
+def test_the_reason_a_manifest_gives_reaches_the_terminal_without_control_characters(
+    artifacts, tmp_path, monkeypatch
+):
+    folder = with_fallback(
+        artifacts["tflite"], tmp_path / "pi", reason="old kernels\x1b[2J\x07 round\rdifferently"
+    )
+    fake_tflite_runtime(monkeypatch, "2.14.0")
+    why = rt.load(folder).why
+    assert why.endswith("old kernels[2J rounddifferently") and why.isprintable()
