@@ -14,7 +14,8 @@ from compress.models import load_classifier
 from compress.pipeline import run_recipe
 from compress.recipe import load_recipe
 from compress.stages import get_stage
-from compress.stages.base import StageContext, StageResult
+from compress.stages.base import StageResult
+from tests.helpers.stages import stage_context
 from tests.helpers.tiny import write_recipe, write_reviews
 
 FINETUNE = "  - type: finetune\n    when: always\n    epochs: 10\n    batch_size: 16\n    lr: 3.0e-3\n"
@@ -31,22 +32,8 @@ DISTILL = """  - type: distill
 
 def handler_only(recipe_path: Path, work: Path, teacher: Path) -> tuple[StageResult, Path]:
     """Run a one-stage recipe's handler without the pipeline's final report (which measures latency)."""
-    recipe = load_recipe(recipe_path)
-    out = work / "out"
-    out.mkdir(parents=True)
-    ctx = StageContext(
-        recipe=recipe,
-        config=recipe.stages[0],
-        index=1,
-        out_dir=out,
-        run_dir=work,
-        teacher_dir=teacher,
-        input_dir=teacher,
-        previous=[],
-        cache_dir=work / ".cache",
-        seed=recipe.seed,
-    )
-    return get_stage(recipe.stages[0].type).run(ctx), out
+    ctx = stage_context(recipe_path, work, teacher)
+    return get_stage(ctx.recipe.stages[0].type).run(ctx), ctx.out_dir
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ from compress.errors import RecipeError
 from compress.models import load_classifier
 from compress.recipe import load_recipe
 from compress.stages import get_stage
-from compress.stages.base import StageContext
+from tests.helpers.stages import stage_context
 from tests.helpers.tiny import make_tiny_bert, write_recipe
 
 KINDS = ("query", "key", "value")
@@ -242,22 +242,7 @@ def test_a_recipe_error_is_one_line_naming_the_key(tmp_path, tiny_bert_dir, revi
         assert "\n" not in str(err.value)
 
 
-def context(recipe_path: Path, work: Path, teacher: Path) -> StageContext:
-    recipe = load_recipe(recipe_path)
-    out = work / "out"
-    out.mkdir(parents=True, exist_ok=True)
-    return StageContext(
-        recipe=recipe,
-        config=recipe.stages[0],
-        index=1,
-        out_dir=out,
-        run_dir=work,
-        teacher_dir=teacher,
-        input_dir=teacher,
-        previous=[],
-        cache_dir=work / ".cache",
-        seed=recipe.seed,
-    )
+context = stage_context
 
 
 TWO_STEPS = """  - type: distill
