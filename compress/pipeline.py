@@ -9,7 +9,6 @@ finishes, so a killed run leaves nothing that looks finished and the rerun resum
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import os
 import platform
@@ -21,6 +20,8 @@ from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+from filelock import FileLock, Timeout
 
 from compress.errors import CompressError, RunLockedError
 from compress.io import atomic_dir, file_entries, read_json, sha256_json, write_json_atomic
@@ -34,6 +35,7 @@ log = logging.getLogger(__name__)
 STAGE_SCHEMA = "compress.stage/1"
 RUN_SCHEMA = "compress.run/1"
 RUN_LOG = "run.log"
+LOCK_FILE = ".lock"
 _VERSIONED = (
     "compress",
     "torch",
@@ -74,35 +76,44 @@ class RunResult:
     report: dict[str, Any] | None = None
 
 
+def _write_pid(fd: int) -> None:
+    """Record the holder's pid in the lock file, for the error a second process prints."""
+    os.lseek(fd, 0, os.SEEK_SET)
+    os.ftruncate(fd, 0)
+    os.write(fd, str(os.getpid()).encode())
+
+
+def _holder_pid(lock_file: Path) -> str:
+    try:
+        return lock_file.read_text().strip() or "?"
+    except OSError:  # Windows denies reading a byte range another process has locked
+        return "?"
+
+
 @contextlib.contextmanager
 def run_lock(run_dir: Path) -> Iterator[None]:
-    """Hold an exclusive lock on the run folder; a second compress process on it fails at once."""
+    """Hold an exclusive lock on the run folder; a second compress process on it fails at once.
+
+    ``filelock`` takes the operating system's lock (flock on Unix, LockFileEx on Windows), so the
+    kernel drops it when the process dies and a killed run never leaves the folder locked."""
+    lock_file = run_dir / LOCK_FILE
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        handle = open(run_dir / ".lock", "a+")  # noqa: SIM115 - held for the whole run
+        lock = FileLock(lock_file, blocking=False, on_acquired=_write_pid)
+        lock.acquire()
+    except Timeout:
+        raise RunLockedError(
+            f"{run_dir}: another compress process (pid {_holder_pid(lock_file)}) is running this recipe; "
+            "wait for it to finish or pass --out to use another folder"
+        ) from None
     except OSError as exc:
         raise CompressError(
             f"{run_dir}: cannot create the run folder ({exc.strerror}); choose a writable folder with --out"
         ) from None
     try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.seek(0)
-        pid = handle.read().strip() or "?"
-        handle.close()
-        raise RunLockedError(
-            f"{run_dir}: another compress process (pid {pid}) is running this recipe; "
-            "wait for it to finish or pass --out to use another folder"
-        ) from None
-    try:
-        handle.seek(0)
-        handle.truncate()
-        handle.write(str(os.getpid()))
-        handle.flush()
         yield
     finally:
-        fcntl.flock(handle, fcntl.LOCK_UN)
-        handle.close()
+        lock.release()
 
 
 def _remove_stale(run_dir: Path) -> None:

@@ -10,7 +10,7 @@ import sys
 import time
 
 from compress.io import read_json, sha256_file
-from compress.pipeline import run_recipe
+from compress.pipeline import run_lock, run_recipe
 from compress.recipe import load_recipe
 from tests.helpers.tiny import write_recipe
 
@@ -123,23 +123,12 @@ def test_validate_broken_recipe_exits_2_with_one_line(tmp_path, reviews, tiny_be
 
 
 def test_run_folder_locked_by_another_process(tmp_path, tiny_bert_dir, reviews):
-    import fcntl
-
+    """This process holds the run folder's lock as ``compress run`` does; the CLI in a second process
+    must stop at once and name this process."""
     path = write_recipe(
         tmp_path / "r.yaml", teacher=tiny_bert_dir, data=reviews, stages=FINETUNE.format(epochs=1)
     )
-    lock_dir = tmp_path / "runs" / "tiny"
-    lock_dir.mkdir(parents=True)
-    with open(lock_dir / ".lock", "w") as handle:
-        handle.write("4242")
-        handle.flush()
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        holder = subprocess.Popen(
-            [sys.executable, "-c", "import time; time.sleep(60)"], pass_fds=(handle.fileno(),)
-        )
-        try:
-            out = compress_cli("run", str(path), "--out", str(tmp_path / "runs"))
-        finally:
-            holder.kill()
+    with run_lock(tmp_path / "runs" / "tiny"):
+        out = compress_cli("run", str(path), "--out", str(tmp_path / "runs"))
     assert out.returncode == 2
-    assert "another compress process (pid 4242) is running this recipe" in out.stderr
+    assert f"another compress process (pid {os.getpid()}) is running this recipe" in out.stderr
