@@ -204,7 +204,7 @@ def run_recipe(recipe: Any, out_dir: Path, *, fresh: bool = False, quiet: bool =
     ``run.log`` in the run folder instead of the terminal, which keeps compress's lines and bars.
     """
     from compress.data import load_recipe_split
-    from compress.models import check_model_folder
+    from compress.model_folder import check_model_folder
 
     # Everything a stage will read is checked before the run folder is touched, so bad data or a
     # broken teacher fails in seconds and leaves nothing behind.

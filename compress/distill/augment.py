@@ -93,7 +93,7 @@ def load_mlm(folder: Path) -> Any:
     """A masked-LM checkpoint (safetensors only) whose vocabulary matches the teacher's tokenizer."""
     from transformers import AutoModelForMaskedLM
 
-    from compress.models import check_model_folder
+    from compress.model_folder import check_model_folder
 
     check_model_folder(folder)
     try:

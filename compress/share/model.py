@@ -107,7 +107,7 @@ def load_shared_classifier(folder: str | Path) -> tuple[torch.nn.Module, Any]:
     from safetensors.torch import load_file
     from transformers import AutoModelForSequenceClassification
 
-    from compress.models import check_model_folder, load_config, load_tokenizer
+    from compress.model_folder import check_model_folder, load_config, load_tokenizer
 
     folder = Path(folder)
     check_model_folder(folder)

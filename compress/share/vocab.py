@@ -141,7 +141,7 @@ def prune_tokenizer_json(data: dict[str, Any], kept: list[int]) -> tuple[dict[st
 
 def pruned_tokenizer(tokenizer: Any, data: dict[str, Any]) -> Any:
     """A transformers tokenizer with the same settings as ``tokenizer`` and the pruned vocabulary."""
-    from compress.models import load_tokenizer
+    from compress.model_folder import load_tokenizer
 
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer.save_pretrained(tmp)

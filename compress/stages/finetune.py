@@ -43,7 +43,8 @@ def _copy_files(source: Path, dest: Path) -> None:
 def _copy_teacher(ctx: StageContext) -> None:
     """The teacher as this stage's checkpoint; pickle weights (allowed by the recipe) are unpickled
     here once and saved as safetensors, so no later stage or evaluation ever unpickles."""
-    from compress.models import WEIGHT_FILES_SAFE, load_classifier, save_checkpoint
+    from compress.model_folder import WEIGHT_FILES_SAFE
+    from compress.models import load_classifier, save_checkpoint
 
     if any((ctx.teacher_dir / name).is_file() for name in WEIGHT_FILES_SAFE):
         _copy_files(ctx.teacher_dir, ctx.out_dir)
