@@ -14,14 +14,77 @@ import resource
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from compress.metrics import latency_summary
+from compress.metrics import latency_parts, latency_summary
 
 Predict = Callable[[list[str], "list[str] | None"], np.ndarray]
+PARTS = ("tokenize", "runtime", "postprocess")
+"""The steps of one request the report times apart: text to input arrays (tokenizer, truncation,
+padding, dtype), the runtime's own call, and logits to a label (softmax, argmax, label name)."""
+
+
+class Stopwatch:
+    """Seconds spent inside one step, summed over calls until ``take`` reads and clears them.
+
+    Used as ``with stopwatch:`` around the step, or ``stopwatch.wrap(call)``."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._start = 0.0
+
+    def __enter__(self) -> Stopwatch:
+        self._start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.seconds += time.perf_counter() - self._start
+
+    def wrap(self, call: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            with self:
+                return call(*args, **kwargs)
+
+        return timed
+
+    def take(self) -> float:
+        seconds, self.seconds = self.seconds, 0.0
+        return seconds
+
+
+def decoder(labels: list[str] | None) -> Callable[[np.ndarray], list[dict[str, Any]]]:
+    """Logits to what an application uses (label name, or id without names, and its probability),
+    as the bundle runner's ``Runner.decode`` does for artifacts."""
+    from compress.runtime.runner import softmax
+
+    def decode(logits: np.ndarray) -> list[dict[str, Any]]:
+        probabilities = softmax(logits)
+        return [
+            {"label": labels[i] if labels else int(i), "score": float(row[i])}
+            for i, row in zip(probabilities.argmax(axis=1), probabilities, strict=True)
+        ]
+
+    return decode
+
+
+@dataclass(frozen=True)
+class Model:
+    """A loaded model as a request is served: ``predict`` tokenises and calls the runtime (timing that
+    call on ``runtime``), ``decode`` turns its logits into labels."""
+
+    predict: Predict
+    decode: Callable[[np.ndarray], Any]
+    runtime: Stopwatch | None = None
+    """None when the runtime call cannot be timed apart (a plain predict function)."""
+
+    @classmethod
+    def plain(cls, predict: Predict) -> Model:
+        """A predict function whose steps are not separable: timed whole, decoded to label ids."""
+        return cls(predict, decoder(None))
 
 
 def peak_rss_bytes() -> int:
@@ -42,8 +105,8 @@ def peak_rss_bytes() -> int:
 
 def load_torch(
     path: str, threads: int, max_length: int, *, allow_pickle: bool = False, trust_remote_code: bool = False
-) -> tuple[Predict, dict[str, Any]]:
-    """A checkpoint as a predict function; tokenising is part of each call, as it is on a device."""
+) -> tuple[Model, dict[str, Any]]:
+    """A checkpoint as a model; tokenising is part of each call, as it is on a device."""
     import torch
 
     from compress.models import count_parameters, load_classifier
@@ -52,24 +115,31 @@ def load_torch(
     torch.set_num_threads(threads)
     # share-stage checkpoints come back with their ties; pickle or remote code only if the recipe opted in
     model, tokenizer = load_classifier(path, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
+    runtime = Stopwatch()
 
     @torch.inference_mode()
     def predict(texts: list[str], pairs: list[str] | None) -> np.ndarray:
         enc = tokenizer(
             texts, pairs, truncation=True, max_length=max_length, padding="longest", return_tensors="pt"
         )
-        return model(**forward_inputs(model, dict(enc))).logits.float().numpy()
+        inputs = forward_inputs(model, dict(enc))
+        with runtime:
+            return model(**inputs).logits.float().numpy()
 
     info = {
         "runtime": f"torch {torch.__version__}",
         "parameters": count_parameters(model),
         "max_length": max_length,
     }
-    return predict, info
+    labels = [model.config.id2label[i] for i in range(model.config.num_labels)]
+    return Model(predict, decoder(labels), runtime), info
 
 
-def load_artifact(path: str, threads: int) -> tuple[Predict, dict[str, Any]]:
-    """An artifact through the bundle runner; a fixed-length model pads every input to its length."""
+def load_artifact(path: str, threads: int) -> tuple[Model, dict[str, Any]]:
+    """An artifact through the bundle runner; a fixed-length model pads every input to its length.
+
+    The runtime call is timed by wrapping the session's ``run`` on this instance: the request still
+    goes through the runner's own code, so what is measured is what ships in a bundle."""
     from compress.errors import ModelError
     from compress.runtime.runner import RunnerError, load
 
@@ -78,6 +148,8 @@ def load_artifact(path: str, threads: int) -> tuple[Predict, dict[str, Any]]:
     except RunnerError as exc:
         raise ModelError(str(exc)) from None
     session = runner.session
+    runtime = Stopwatch()
+    session.run = runtime.wrap(session.run)
 
     def predict(texts: list[str], pairs: list[str] | None) -> np.ndarray:
         return runner.predict_logits(texts, pairs, batch_size=len(texts))
@@ -88,44 +160,72 @@ def load_artifact(path: str, threads: int) -> tuple[Predict, dict[str, Any]]:
         "padded_to": session.lengths,
         "runtime_batch": session.fixed_batch,
     }
-    return predict, info
+    return Model(predict, runner.decode, runtime), info
 
 
 def _pairs_at(pairs: list[str] | None, start: int, stop: int) -> list[str] | None:
     return pairs[start:stop] if pairs is not None else None
 
 
-def measure(predict: Predict, request: dict[str, Any]) -> tuple[np.ndarray, dict[str, Any]]:
+def time_requests(
+    model: Model, texts: list[str], pairs: list[str] | None, warmup: int, samples: int
+) -> dict[str, Any]:
+    """Batch-1 requests over the texts in order after ``warmup`` untimed ones: the whole request
+    (tokenisation, runtime call, decoding to a label) and, when the runtime call is timed apart, its
+    parts. Per request the parts add up to the whole; their p50s need not."""
+    n = len(texts)
+    for i in range(warmup):
+        model.decode(model.predict([texts[i % n]], _pairs_at(pairs, i % n, i % n + 1)))
+    if model.runtime is not None:
+        model.runtime.take()
+    totals: list[float] = []
+    parts: dict[str, list[float]] = {name: [] for name in PARTS}
+    for i in range(samples):
+        j = i % n
+        start = time.perf_counter()
+        logits = model.predict([texts[j]], _pairs_at(pairs, j, j + 1))
+        middle = time.perf_counter()
+        model.decode(logits)
+        end = time.perf_counter()
+        totals.append(end - start)
+        if model.runtime is not None:
+            runtime = model.runtime.take()
+            parts["runtime"].append(runtime)
+            parts["tokenize"].append(middle - start - runtime)
+            parts["postprocess"].append(end - middle)
+    summary: dict[str, Any] = latency_summary(totals)
+    if model.runtime is not None:
+        summary["parts"] = latency_parts(parts)
+    return summary
+
+
+def measure(model: Model | Predict, request: dict[str, Any]) -> tuple[np.ndarray, dict[str, Any]]:
     """Warm up, time batch-1 requests over real eval sentences, then predict everything in batches.
 
     The batched pass gives both the logits for the quality metrics and the throughput, so the data
-    is run once, after warm-up.
+    is run once, after warm-up. A plain predict function is timed whole (no parts).
     """
+    model = model if isinstance(model, Model) else Model.plain(model)
     texts, pairs = request["texts"], request["pairs"]
     n = len(texts)
-    for i in range(request["warmup"]):
-        predict([texts[i % n]], _pairs_at(pairs, i % n, i % n + 1))
-    timings = []
-    for i in range(request["latency_samples"]):
-        j = i % n
-        start = time.perf_counter()
-        predict([texts[j]], _pairs_at(pairs, j, j + 1))
-        timings.append(time.perf_counter() - start)
+    latency = time_requests(model, texts, pairs, request["warmup"], request["latency_samples"])
     size = request["batch_size"]
     batches, start = [], time.perf_counter()
     for lo in range(0, n, size):
         batches.append(
-            np.asarray(predict(texts[lo : lo + size], _pairs_at(pairs, lo, lo + size)), dtype=np.float32)
+            np.asarray(
+                model.predict(texts[lo : lo + size], _pairs_at(pairs, lo, lo + size)), dtype=np.float32
+            )
         )
     elapsed = time.perf_counter() - start
     stats = {
-        "latency_ms": latency_summary(timings),
+        "latency_ms": latency,
         "throughput": {"batch_size": size, "items_per_s": n / elapsed if elapsed > 0 else None},
     }
     return np.concatenate(batches), stats
 
 
-def load_model(request: dict[str, Any]) -> tuple[Predict, dict[str, Any]]:
+def load_model(request: dict[str, Any]) -> tuple[Model, dict[str, Any]]:
     """The guarded loader: any failure to open the user's model file is one line naming it.
 
     The loaders raise compress errors for what they know (missing files, pickles, hash mismatches);
@@ -158,8 +258,8 @@ def load_model(request: dict[str, Any]) -> tuple[Predict, dict[str, Any]]:
 def run(request: dict[str, Any]) -> dict[str, Any]:
     threads = request["threads"]
     before_load = peak_rss_bytes()
-    predict, info = load_model(request)
-    logits, stats = measure(predict, request)
+    model, info = load_model(request)
+    logits, stats = measure(model, request)
     np.save(request["logits"], logits)
     stats["latency_ms"].update(
         warmup=request["warmup"], threads=threads, padded_to=info.pop("padded_to", None)

@@ -81,6 +81,18 @@ def latency_summary(seconds: list[float]) -> dict[str, float]:
     }
 
 
+def latency_parts(parts: dict[str, list[float]]) -> dict[str, dict[str, float]]:
+    """p50 and mean in milliseconds of each step of the requests (``{step: seconds per request}``).
+
+    The means add up to the mean of the whole requests; medians of parts need not add up to the
+    median of the whole, which is why both are kept."""
+    out = {}
+    for name, seconds in parts.items():
+        ms = np.asarray(seconds, dtype=np.float64) * 1000.0
+        out[name] = {"p50": float(np.percentile(ms, 50)), "mean": float(ms.mean())}
+    return out
+
+
 RESAMPLES = 2000
 """Default resamples of the bootstrap intervals: percentile bounds of a 95% interval settle to
 about a tenth of a point at this count for dev sets of a few hundred to a few thousand rows."""

@@ -162,6 +162,51 @@ def cost_table(report: dict[str, Any]) -> list[str]:
     return _table(header, rows)
 
 
+PART_NAMES = {"tokenize": "tokenise", "runtime": "runtime call", "postprocess": "post-process"}
+
+
+def time_table(report: dict[str, Any]) -> list[str]:
+    """Where a batch-1 request's time goes, per model that recorded its parts: p50 (mean) ms of the
+    tokenisation (text to input arrays), the runtime's own call and the post-processing (softmax,
+    argmax, label), and the runtime call's share of the mean request. Empty for a report without
+    parts (written before compress timed them)."""
+    rows = []
+    for e in entries(report):
+        latency = e["metrics"].get("latency_ms") or {}
+        parts = latency.get("parts")
+        if not parts:
+            continue
+        mean = latency.get("mean")
+        runtime_mean = (parts.get("runtime") or {}).get("mean")
+        share = f"{100 * runtime_mean / mean:.0f}%" if mean and runtime_mean is not None else "–"
+        cells = [
+            f"{_num(parts[name].get('p50'), 3)} ({_num(parts[name].get('mean'), 3)})"
+            if name in parts
+            else "–"
+            for name in PART_NAMES
+        ]
+        rows.append([f"`{e['name']}`", _num(latency.get("p50"), 2), _num(mean, 2), *cells, share])
+    if not rows:
+        return []
+    header = ["model", "request p50", "request mean", *(f"{n} p50 (mean)" for n in PART_NAMES.values())]
+    return _table([*header, "runtime share of mean"], rows)
+
+
+def time_section(report: dict[str, Any]) -> list[str]:
+    table = time_table(report)
+    if not table:
+        return []
+    return [
+        "## Where the time goes (batch 1, ms)",
+        "",
+        "Each request timed in three parts; per request they add up to the whole, so the means add up "
+        "to the request mean (medians need not).",
+        "",
+        *table,
+        "",
+    ]
+
+
 def class_table(report: dict[str, Any]) -> list[str]:
     labels = report.get("data", {}).get("labels", [])
     rows = []
@@ -224,7 +269,7 @@ def markdown(report: dict[str, Any]) -> str:
         f"`{str(data.get('sha256'))[:12]}`). Every model ran on host {host.get('machine')} "
         f"({host.get('cpus')} CPUs) "
         f"in its own process, through its own runtime and saved tokenizer. Latency: batch 1 over real eval "
-        f"sentences, tokenisation included, after {lat.get('warmup', '–')} warm-up requests; fixed-length "
+        f"sentences, from text to label (tokenisation and post-processing included), after {lat.get('warmup', '–')} warm-up requests; fixed-length "
         "artifacts pad to their length. Deltas and ratios are against the teacher.",
         "",
         "## Quality and fidelity to the teacher",
@@ -236,6 +281,7 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         *cost_table(report),
         "",
+        *time_section(report),
         "## Per-class counts",
         "",
         *class_table(report),

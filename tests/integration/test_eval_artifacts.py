@@ -178,6 +178,12 @@ def check_against_direct(artifact: Path, teacher: Path, data: Path, runtime: str
     assert entry["measured"]["runtime"].startswith(runtime)
     assert entry["parameters"] > 10_000
     assert m["latency_ms"]["samples"] == 200 and m["peak_rss_bytes"] > 0
+    # each request is timed in parts, for the artifact (through the runner) and the PyTorch teacher alike
+    for latency in (m["latency_ms"], result["teacher"]["metrics"]["latency_ms"]):
+        parts = latency["parts"]
+        assert set(parts) == {"tokenize", "runtime", "postprocess"}
+        assert all(part["p50"] >= 0 and part["mean"] >= 0 for part in parts.values())
+        assert sum(part["mean"] for part in parts.values()) == pytest.approx(latency["mean"], rel=1e-6)
     # the artifact process never loads torch, so it peaks far below the teacher's process
     assert m["peak_rss_bytes"] < result["teacher"]["metrics"]["peak_rss_bytes"]
 
