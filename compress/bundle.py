@@ -203,7 +203,7 @@ def write_tar(out_file: Path, folder: str, files: dict[str, bytes], mtime: int) 
 def make_bundle(run_dir: str | Path, target: str, out_file: str | Path | None = None) -> dict[str, Any]:
     """Pack the run's artifact for ``target`` (default file: RUN/bundles/<run>-<target>.tar.gz)."""
     from compress.io import require_path
-    from compress.report import load_report
+    from compress.report_file import load_report
     from compress.targets import load_target
 
     run_dir = require_path(run_dir, "point at a run folder (runs/<name>)")

@@ -1,4 +1,5 @@
-"""Base class for every config model: unknown keys are rejected, values are checked at the door."""
+"""Base classes of every pydantic model: ``Strict`` for configs a person writes (unknown keys rejected,
+values checked at the door), ``Open`` for files compress wrote (unknown keys kept)."""
 
 from __future__ import annotations
 
@@ -41,3 +42,9 @@ class Strict(BaseModel):
                 if kind:
                     raise ValueError(f"{name}: input should be a valid {kind}, got {value}")
         return data
+
+
+class Open(BaseModel):
+    """A file compress wrote: the keys it needs are checked, keys from a newer minor version are kept."""
+
+    model_config = ConfigDict(extra="allow")

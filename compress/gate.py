@@ -18,6 +18,7 @@ from typing import Any, Literal
 from compress.errors import CompressError, GateFailure
 from compress.io import atomic_path
 from compress.recipe import BaselineGates, GatesConfig
+from compress.report_file import load_report
 
 Entry = dict[str, Any]
 _EPS = 1e-9
@@ -227,7 +228,6 @@ def check_gates(
 
 def load_baseline(config: dict[str, Any] | None, path: str | Path | None = None) -> dict[str, Any] | None:
     """The baseline report: ``path`` if given, else the one ``gates.baseline.report`` names, else None."""
-    from compress.report import load_report
 
     configured = ((config or {}).get("baseline") or {}) if isinstance(config, dict) else {}
     path = path or (configured.get("report") if isinstance(configured, dict) else None)
@@ -248,7 +248,6 @@ def load_baseline(config: dict[str, Any] | None, path: str | Path | None = None)
 def check_report_file(report_path: str | Path, baseline_path: str | Path | None = None) -> list[Verdict]:
     """``compress gate``: the report's own gates config, against ``baseline_path`` or the configured one."""
     from compress.io import require_path
-    from compress.report import load_report
 
     require_path(report_path, "`compress run RECIPE` writes runs/<name>/report.json")
     if baseline_path is not None:

@@ -15,8 +15,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictStr, field_validator
+from pydantic import AfterValidator, Field, StrictBool, StrictStr, field_validator
 
+from compress.config import Open
 from compress.errors import CompressError, ModelError
 from compress.io import read_json, read_model
 
@@ -36,12 +37,6 @@ def inside_folder(rel: str) -> str:
 
 
 SafePath = Annotated[StrictStr, AfterValidator(inside_folder)]
-
-
-class Open(BaseModel):
-    """A file compress wrote: the keys it needs are checked, keys from a newer minor version are kept."""
-
-    model_config = ConfigDict(extra="allow")
 
 
 class Versioned(Open):
