@@ -22,6 +22,8 @@ LayerNorm scales and shape constants)."""
 
 _ONNX_FLOATS = {1: 4, 10: 2, 11: 8, 16: 2}  # FLOAT, FLOAT16, DOUBLE, BFLOAT16: bytes per element
 _TFLITE_FLOATS = {0: 4, 1: 2, 10: 8}  # FLOAT32, FLOAT16, FLOAT64
+_BLOCK_QUANTIZED = {"GatherBlockQuantized": 2, "MatMulNBits": 2}
+"""Block-quantized ops, and the input index from which their inputs are scales and zero points."""
 
 
 def weight_fingerprints(module: Any) -> set[str]:
@@ -62,13 +64,18 @@ def onnx_float_constants(
     graph = onnx.load(str(path), load_external_data=False).graph
     kept = set(float_nodes)
     readers: dict[str, list[str]] = {}
+    block_scales: set[str] = set()  # a block-quantized table's scales: part of its int4 storage
     for node in graph.node:
         for name in node.input:
             readers.setdefault(name, []).append(node.name)
+        if node.op_type in _BLOCK_QUANTIZED:
+            block_scales.update(node.input[_BLOCK_QUANTIZED[node.op_type] :])
     found = {}
     for init in graph.initializer:
         size = math.prod(init.dims) * _ONNX_FLOATS.get(init.data_type, 0)
         users = readers.get(init.name, [])
+        if init.name in block_scales and len(users) == 1:
+            continue
         if size >= LARGE and not (users and all(user in kept for user in users)):
             if float_weights and _fingerprint(numpy_helper.to_array(init)) in float_weights:
                 continue

@@ -6,6 +6,11 @@ ranges that one int8 scale cannot hold. Quantizing only MatMul/Gemm keeps the he
 and the fragile ops in float, so that is the static default here, plus Gather: the embedding tables
 are stored int8, and a lookup's output keeps its table's scale, so it adds no error of its own
 (without it the word table stays fp32 and the static file is 2.5x the size of the dynamic one).
+
+``embedding_bits=4`` stores those tables in int4 instead, in blocks along the hidden axis with their
+own scale and zero point (onnxruntime's ``MatMulNBitsQuantizer`` writes ``GatherBlockQuantized``):
+a lookup table is read one row per token, so its bytes are all storage and no compute, and after
+vocabulary pruning the word table is the largest constant a shared student keeps.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from compress.quantize.constants import onnx_float_constants, require_int8_const
 
 STATIC_OP_TYPES = ["MatMul", "Gemm", "Gather"]
 METHODS = ("minmax", "entropy", "percentile")
+EMBEDDING_BITS = (8, 4)
 
 
 class FeedReader:
@@ -86,6 +92,59 @@ def store_tables_int8(source: Path, target: Path) -> None:
         quiet.setLevel(level)
 
 
+def store_tables_int4(path: Path, block_size: int) -> dict[str, Any]:
+    """Rewrite ``path`` in place with every float table a ``Gather`` reads stored as int4 blocks.
+
+    Asymmetric blocks of ``block_size`` values along the hidden axis (axis 1 of a [vocab, hidden]
+    table), each with a float scale and an int4 zero point; the graph gets onnxruntime's
+    ``GatherBlockQuantized`` contrib op and opset 21 (int4 tensors). Returns what was stored.
+    """
+    import logging
+
+    import onnx
+    from onnxruntime.quantization.matmul_nbits_quantizer import (
+        DefaultWeightOnlyQuantConfig,
+        MatMulNBitsQuantizer,
+    )
+
+    model = onnx.load(str(path))
+    floats = {i.name for i in model.graph.initializer if i.data_type == onnx.TensorProto.FLOAT}
+    lookups = {n.input[0] for n in model.graph.node if n.op_type == "Gather" and n.input[0] in floats}
+    config = DefaultWeightOnlyQuantConfig(
+        block_size=block_size,
+        is_symmetric=False,
+        op_types_to_quantize=("Gather",),
+        quant_axes=(("Gather", 1),),
+        bits=4,
+    )
+    quiet = logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)  # a line per skipped node, and the forced opset-21 upgrade it needs
+    try:
+        # an all-zero block (the padding row) has scale 0, which the quantizer maps to its zero point
+        with np.errstate(divide="ignore", invalid="ignore"):
+            quantizer = MatMulNBitsQuantizer(model, algo_config=config)
+            quantizer.process()
+    finally:
+        quiet.setLevel(level)
+    result = quantizer.model.model
+    still_read = {n.input[0] for n in result.graph.node if n.op_type == "Gather"}
+    tables = sorted(lookups - still_read)
+    if not tables:
+        raise ExportError(
+            f"{path.name}: embedding_bits: 4 found no float embedding table to store int4 "
+            "(no Gather reads a float initializer); use embedding_bits: 8"
+        )
+    onnx.save(result, str(path))
+    return {
+        "bits": 4,
+        "block_size": block_size,
+        "symmetric": False,
+        "op": "com.microsoft.GatherBlockQuantized",
+        "tables": tables,
+    }
+
+
 def check_node_names(model_path: Path, names: list[str]) -> None:
     import onnx
 
@@ -111,12 +170,15 @@ def quantize_onnx(
     per_channel: bool = True,
     activations: Literal["int8", "uint8"] = "int8",
     symmetric: bool = False,
+    embedding_bits: int = 8,
+    embedding_block: int = 32,
     name: str | None = None,
 ) -> dict[str, Any]:
     """Quantize the fp32 ONNX artifact at ``float_dir`` into an int8 artifact folder at ``out_dir``.
 
     ``op_types`` default: every supported type for dynamic, ``MatMul``/``Gemm`` for static.
     ``float_layers`` are module names whose nodes stay float (added to ``exclude_nodes``).
+    ``embedding_bits=4`` stores the lookup tables int4 (``store_tables_int4``) instead of int8.
     """
     from onnxruntime.quantization import (
         CalibrationMethod,
@@ -125,6 +187,15 @@ def quantize_onnx(
         quantize_dynamic,
         quantize_static,
     )
+    from onnxruntime.quantization.registry import IntegerOpsRegistry
+
+    if embedding_bits not in EMBEDDING_BITS:
+        raise ExportError(f"embedding_bits {embedding_bits} is not one of {EMBEDDING_BITS}")
+    if op_types and embedding_bits == 4 and "Gather" not in op_types:
+        raise ExportError(
+            "embedding_bits: 4 quantizes the Gather tables, but op_types leaves Gather float; "
+            "add Gather to op_types or use embedding_bits: 8"
+        )
 
     source = float_dir / "model.onnx"
     chosen_types = list(op_types or [])
@@ -137,6 +208,9 @@ def quantize_onnx(
             raise ExportError("static int8 needs calibration samples; set calibration.samples > 0")
         if method not in METHODS:
             raise ExportError(f"calibration.method '{method}' is not one of {', '.join(METHODS)}")
+    int8_types = op_types
+    if embedding_bits == 4:  # the int8 pass leaves Gather float; store_tables_int4 takes the tables
+        int8_types = [t for t in (op_types or sorted(IntegerOpsRegistry)) if t != "Gather"]
     with atomic_dir(out_dir) as folder:
         target = folder / "model.onnx"
         try:
@@ -144,7 +218,7 @@ def quantize_onnx(
                 quantize_dynamic(
                     source,
                     target,
-                    op_types_to_quantize=op_types,
+                    op_types_to_quantize=int8_types,
                     per_channel=per_channel,
                     weight_type=QuantType.QInt8,
                     nodes_to_exclude=excluded,
@@ -155,7 +229,7 @@ def quantize_onnx(
                     target,
                     FeedReader(calibration),
                     quant_format=QuantFormat.QDQ,
-                    op_types_to_quantize=op_types,
+                    op_types_to_quantize=int8_types,
                     per_channel=per_channel,
                     nodes_to_exclude=excluded,
                     activation_type=QuantType.QInt8 if activations == "int8" else QuantType.QUInt8,
@@ -165,6 +239,7 @@ def quantize_onnx(
                     ),
                     extra_options={"ActivationSymmetric": symmetric},
                 )
+            embedding = store_tables_int4(target, embedding_block) if embedding_bits == 4 else None
         except ExportError:
             raise
         except Exception as exc:
@@ -182,6 +257,7 @@ def quantize_onnx(
             "format": "QDQ" if scheme == "static" else "integer-ops",
             "granularity": "per-channel" if per_channel else "per-tensor",
             "weights": "int8",
+            "embedding": embedding or {"bits": 8 if not op_types or "Gather" in op_types else 32},
             "activations": activations if scheme == "static" else "dynamic",
             "op_types": op_types or "all",
             "calibration": {

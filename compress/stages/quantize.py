@@ -13,7 +13,7 @@ import random
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from compress.config import Strict
 from compress.errors import ExportError, RecipeError
@@ -61,6 +61,20 @@ class QuantizeConfig(StageConfig):
     """Use only this many eval rows for the search and the agreement check (default: all)."""
     max_trials: int = Field(6, ge=1)
     """auto: how many float-layer candidates the search may try."""
+    embedding_bits: Literal[8, 4] = 8
+    """ONNX targets: 4 stores the embedding tables (what Gather reads) int4 in blocks of
+    embedding_block values with a scale and zero point each (onnxruntime's GatherBlockQuantized),
+    half their int8 bytes; a lookup does no arithmetic, so it costs storage only. TFLite targets keep
+    int8 tables (their runtimes' embedding kernels have no int4 path checked here). Not with auto."""
+    embedding_block: int = Field(32, ge=16, le=1024)
+    """Values per int4 block of an embedding row (a power of two)."""
+
+    @field_validator("embedding_block")
+    @classmethod
+    def _power_of_two(cls, value: int) -> int:
+        if value & (value - 1):
+            raise ValueError(f"embedding_block {value} is not a power of two; use 16, 32, 64 or 128")
+        return value
 
 
 def schemes_by_target(config: QuantizeConfig, targets: list[str]) -> dict[str, str]:
@@ -90,6 +104,11 @@ def check_scheme(profile: Any, config: QuantizeConfig, scheme: str) -> None:
         raise RecipeError(
             f"quantize.scheme: target '{profile.name}' allows {allowed}, not '{scheme}'; "
             "use an allowed scheme or drop the target from this stage"
+        )
+    if config.embedding_bits == 4 and profile.format == "onnx" and scheme not in ("dynamic", "static"):
+        raise RecipeError(
+            f"quantize.embedding_bits: 4 is for the dynamic and static ONNX schemes, not '{scheme}' "
+            f"(target '{profile.name}'); use embedding_bits: 8 or scheme: dynamic"
         )
     keeps_float = scheme == "auto" or config.float_layers or config.exclude_nodes
     if keeps_float and scheme not in ("dynamic", "weight-only") and not profile.quantization.float_fallback:
@@ -195,6 +214,8 @@ def quantize_target(
             float_layers=float_layers,
             per_channel=per_channel,
             activations=profile.quantization.activations,
+            embedding_bits=config.embedding_bits,
+            embedding_block=config.embedding_block,
             name=name,
         )
     from compress.quantize.tflite import quantize_tflite, signature_feeds
@@ -269,6 +290,11 @@ def run(ctx: StageContext) -> StageResult:
     schemes = schemes_by_target(config, [profile.name for profile in profiles])
     for profile in profiles:
         check_scheme(profile, config, schemes[profile.name])
+    if config.embedding_bits == 4 and not any(p.format == "onnx" for p in profiles):
+        raise RecipeError(
+            "quantize.embedding_bits: 4 applies to ONNX targets, and this stage has none "
+            f"({', '.join(p.name for p in profiles)}); use embedding_bits: 8"
+        )
     model, tokenizer = load_input_model(ctx)
     from compress.export import input_names
 

@@ -152,3 +152,43 @@ def test_fold_weight_transposes_keeps_a_weight_that_is_also_a_graph_output():
     fold_weight_transposes(model)
     assert sorted(i.name for i in model.graph.initializer) == ["W", "W_Transposed"]
     onnx.checker.check_model(model)
+
+
+def test_int4_lookup_table_counts_as_quantized_and_its_block_scales_are_part_of_it(tmp_path):
+    from compress.quantize.onnx import store_tables_int4
+
+    rng = np.random.default_rng(0)
+    table = rng.normal(size=(4096, 64)).astype(np.float32)  # 1 MiB float; scales [4096, 4] = 64 KiB
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["table", "ids"], ["y"], name="lookup")],
+        "lookup",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, None])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, None, 64])],
+        [numpy_helper.from_array(table, "table")],
+    )
+    path = tmp_path / "model.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    assert onnx_float_constants(path) == {"table": table.nbytes}
+
+    stored = store_tables_int4(path, block_size=16)
+    assert stored["tables"] == ["table"] and stored["bits"] == 4
+    assert onnx_float_constants(path) == {}
+    scales = [i for i in onnx.load(str(path)).graph.initializer if i.data_type == TensorProto.FLOAT]
+    assert scales and sum(4 * int(np.prod(s.dims)) for s in scales) >= LARGE  # large, and still not flagged
+    import onnxruntime as ort
+
+    ids = np.array([[0, 5, 4095, 17]], np.int64)
+    got = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"ids": ids})[0]
+    # 16 levels over each block's range: error at most half a step
+    step = (table.max() - table.min()) / 15
+    assert np.abs(got[0] - table[ids[0]]).max() <= step / 2 + 1e-6
+    assert np.abs(got[0] - table[ids[0]]).max() > 0  # it is really int4, not the float table
+
+
+def test_int4_tables_need_a_float_lookup_to_store(tmp_path):
+    from compress.quantize.onnx import store_tables_int4
+
+    model = _shared_transpose_graph(np.ones((8, 8), np.float32))
+    onnx.save(model, tmp_path / "model.onnx")
+    with pytest.raises(ExportError, match="found no float embedding table"):
+        store_tables_int4(tmp_path / "model.onnx", block_size=16)

@@ -126,3 +126,55 @@ def test_static_needs_calibration_and_a_known_method(tmp_path, float_dir, calibr
     with pytest.raises(ExportError, match=r"calibration\.method 'mse'"):
         quantize_onnx(float_dir, tmp_path / "x", scheme="static", calibration=calibration, method="mse")
     assert not (tmp_path / "x").exists()
+
+
+def block_quantized_tables(path) -> dict[str, np.dtype]:
+    """The tables GatherBlockQuantized reads, with their stored element type."""
+    from onnx import numpy_helper
+
+    graph = onnx.load(str(path)).graph
+    inits = {i.name: i for i in graph.initializer}
+    return {
+        n.input[0]: numpy_helper.to_array(inits[n.input[0]]).dtype
+        for n in graph.node
+        if n.op_type == "GatherBlockQuantized"
+    }
+
+
+@pytest.mark.parametrize("scheme", ["dynamic", "static"])
+def test_embedding_bits_4_stores_every_lookup_table_int4_in_blocks(tmp_path, float_dir, calibration, scheme):
+    eight = quantize_onnx(
+        float_dir, tmp_path / "int8", scheme=scheme, calibration=calibration if scheme == "static" else None
+    )
+    four = quantize_onnx(
+        float_dir,
+        tmp_path / "int4",
+        scheme=scheme,
+        calibration=calibration if scheme == "static" else None,
+        embedding_bits=4,
+        embedding_block=16,
+    )
+    assert eight["quantization"]["embedding"] == {"bits": 8}
+    stored = four["quantization"]["embedding"]
+    assert stored["bits"] == 4 and stored["block_size"] == 16 and stored["tables"]
+    tables = block_quantized_tables(tmp_path / "int4" / "model.onnx")
+    assert len(tables) == len(stored["tables"]) == len(float_lookup_tables(float_dir / "model.onnx"))
+    assert {str(t) for t in tables.values()} == {"uint4"}  # asymmetric: a zero point per block
+    # no lookup reads a float (or an int8) table any more, and the matmuls are still int8
+    assert not float_lookup_tables(tmp_path / "int4" / "model.onnx")
+    ops = {n.op_type for n in onnx.load(str(tmp_path / "int4" / "model.onnx")).graph.node}
+    assert ops & {"MatMulInteger", "DynamicQuantizeMatMul", "QuantizeLinear"}
+    size = (tmp_path / "int4" / "model.onnx").stat().st_size
+    assert size < (tmp_path / "int8" / "model.onnx").stat().st_size
+    got, ref = (
+        predict_logits(tmp_path / "int4", SAMPLE_TEXTS, None),
+        predict_logits(float_dir, SAMPLE_TEXTS, None),
+    )
+    assert np.abs(got - ref).max() < 0.1
+    onnx.checker.check_model(str(tmp_path / "int4" / "model.onnx"))
+
+
+def test_embedding_bits_4_with_gather_left_float_is_an_error(tmp_path, float_dir):
+    with pytest.raises(ExportError, match="op_types leaves Gather float"):
+        quantize_onnx(float_dir, tmp_path / "q", scheme="dynamic", op_types=["MatMul"], embedding_bits=4)
+    assert not (tmp_path / "q").exists()

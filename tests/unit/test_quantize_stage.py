@@ -251,3 +251,40 @@ def test_a_fallback_with_a_scheme_it_computes_wrongly_is_refused():
     }
     with pytest.raises(ValueError, match="gets scheme dynamic, one of the schemes it computes wrongly"):
         board(["dynamic"]).quantization.model_validate({"fallbacks": [rule]})
+
+
+def test_embedding_bits_4_is_checked_against_the_scheme_and_the_block_size():
+    from pydantic import ValidationError
+
+    onnx_board = board(["dynamic", "static"]).model_copy(update={"format": "onnx", "name": "onnx-board"})
+    check_scheme(onnx_board, QuantizeConfig(embedding_bits=4), "dynamic")
+    check_scheme(onnx_board, QuantizeConfig(embedding_bits=4), "static")
+    with pytest.raises(RecipeError, match="4 is for the dynamic and static ONNX schemes, not 'auto'"):
+        check_scheme(onnx_board, QuantizeConfig(embedding_bits=4, scheme="auto"), "auto")
+    # TFLite targets keep int8 tables: the same config passes them
+    check_scheme(board(["dynamic"]), QuantizeConfig(embedding_bits=4), "dynamic")
+    with pytest.raises(ValidationError, match="embedding_block 48 is not a power of two"):
+        QuantizeConfig(embedding_bits=4, embedding_block=48)
+    with pytest.raises(ValidationError):
+        QuantizeConfig(embedding_bits=2)
+
+
+@pytest.mark.slow
+def test_embedding_bits_4_in_a_stage_of_tflite_targets_only_is_an_error(tmp_path, tiny_bert_dir, reviews):
+    with pytest.raises(RecipeError, match="embedding_bits: 4 applies to ONNX targets, and this stage has"):
+        run_tiny(
+            tmp_path, tiny_bert_dir, reviews, "  - type: quantize\n    embedding_bits: 4\n", "raspberry-pi-4"
+        )
+
+
+@pytest.mark.slow
+def test_embedding_bits_4_stage_ships_int4_tables_and_records_them(tmp_path, tiny_bert_dir, reviews):
+    stage = "  - type: quantize\n    embedding_bits: 4\n    embedding_block: 16\n"
+    result = run_tiny(tmp_path, tiny_bert_dir, reviews, stage)
+    stage = next(s for s in result.stages if s.type == "quantize")
+    manifest = read_json(stage.dir / "arm64-onnx-int8" / "manifest.json")
+    assert manifest["quantization"]["embedding"]["bits"] == 4
+    assert manifest["quantization"]["embedding"]["block_size"] == 16
+    assert not float_lookup_tables(stage.dir / "arm64-onnx-int8" / "model.onnx")
+    metrics = read_json(stage.dir / "manifest.json")["metrics"]["artifacts"]["arm64-onnx-int8"]
+    assert metrics["agreement"] >= 0.9 and metrics["bytes"] < metrics["float_bytes"]
