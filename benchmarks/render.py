@@ -101,7 +101,7 @@ def task_table(task_rows: list[dict[str, Any]], with_f1: bool) -> list[str]:
             *kept_cells(r),
             *([_num(100 * r["f1"], 2)] if with_f1 else []),
             "ref" if r["agreement"] is None else _num(100 * r["agreement"], 1),
-            _num(r["p50_ms"], 2),
+            p50_cell(r),
             _num(r["p90_ms"], 2),
             _num(r["throughput_per_s"], 0),
             _num(r["bytes"] / 1e6, 1),
@@ -111,7 +111,61 @@ def task_table(task_rows: list[dict[str, Any]], with_f1: bool) -> list[str]:
             _num(r["x_floor"], 1),
         ]
         lines.append("| " + " | ".join(cells) + " |")
-    return lines + interval_note(task_rows)
+    return lines + rounds_note(task_rows) + interval_note(task_rows)
+
+
+def p50_cell(row: dict[str, Any]) -> str:
+    """The p50, with the min–max of its rounds when it was measured in interleaved rounds."""
+    spread = row.get("rounds")
+    if not spread:
+        return _num(row["p50_ms"], 2)
+    return f"{row['p50_ms']:.2f} [{spread['p50_min_ms']:.2f}–{spread['p50_max_ms']:.2f}]"
+
+
+def rounds_note(task_rows: list[dict[str, Any]]) -> list[str]:
+    counts = sorted({r["rounds"]["rounds"] for r in task_rows if r.get("rounds")})
+    if not counts:
+        return []
+    return [
+        "",
+        f"p50 and p90: median over {'/'.join(map(str, counts))} interleaved rounds (every row in turn, "
+        "alternating direction; each row's model loaded once); brackets: min–max of the rounds' p50.",
+    ]
+
+
+PART_NAMES = {"tokenize": "tokenise", "runtime": "runtime call", "postprocess": "post-process"}
+BASELINE = "teacher, ORT dynamic int8"
+"""The row the breakdown's p50 ratios are against: the int8 one-liner an ONNX Runtime user starts from."""
+
+
+def parts_of(row: dict[str, Any]) -> dict[str, float] | None:
+    """p50 ms of each part of a request: the rounds' medians, else the evaluation's single pass."""
+    if row.get("rounds"):
+        return row["rounds"].get("parts_ms")
+    parts = (row.get("entry") or {}).get("metrics", {}).get("latency_ms", {}).get("parts")
+    return {name: part["p50"] for name, part in parts.items()} if parts else None
+
+
+def time_table(task_rows: list[dict[str, Any]]) -> list[str]:
+    """Where each row's batch-1 request goes (p50 ms of tokenisation, the runtime call and
+    post-processing) and its p50 against the ORT dynamic int8 teacher's; empty when no row timed parts."""
+    if not any(parts_of(r) for r in task_rows):
+        return []
+    baseline = next((r for r in task_rows if r["label"] == BASELINE and r["format"] == "onnx"), None)
+    head = ["row", "p50 ms", *(f"{n} p50" for n in PART_NAMES.values()), "runtime ÷ p50", f"p50 ÷ {BASELINE}"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in task_rows:
+        parts = parts_of(r) or {}
+        runtime = parts.get("runtime")
+        cells = [
+            r["row"],
+            _num(r["p50_ms"], 2),
+            *(_num(parts.get(name), 3) for name in PART_NAMES),
+            f"{100 * runtime / r['p50_ms']:.0f}%" if runtime is not None else "—",
+            f"{r['p50_ms'] / baseline['p50_ms']:.2f}" if baseline else "—",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
 
 
 def verdict_lines(verdict: dict[str, Any]) -> list[str]:
@@ -168,6 +222,15 @@ def markdown(results: dict[str, Any]) -> str:
             "",
         ]
         out += task_table(task_rows, with_f1=task == "mrpc")
+        breakdown = time_table(task_rows)
+        if breakdown:
+            out += [
+                "",
+                "Where a batch-1 request's time goes (p50 ms of each part; parts have their own medians, "
+                "so they need not add up to the request's p50; the PyTorch inductor row is timed whole):",
+                "",
+                *breakdown,
+            ]
         if task in results["headline"]:
             out += ["", *verdict_lines(results["headline"][task])]
     if results["recipes"]:

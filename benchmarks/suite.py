@@ -9,7 +9,9 @@ static + torch.compile); and every checkpoint and artifact of the compress recip
 benchmarks/recipes/. Every row is measured by compress.evaluate (the torch.compile row by a worker
 that reuses its measurement loop) with the same settings, and every row keeps the label it predicts
 for each dev row, so its accuracy is given with a paired bootstrap interval against the teacher's
-PyTorch fp32 row on the same rows. See benchmarks/README.md.
+PyTorch fp32 row on the same rows. Latency is then measured again in interleaved rounds (every row's
+model loaded once, each round timing every row in turn; ``benchmarks/rounds.py``), and a row's p50
+is the median of its rounds with their spread. See benchmarks/README.md.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import yaml
 if not __package__:  # run as ``python benchmarks/suite.py``: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import compress_rows, hardware, peers, render, rows, torch_int8
+from benchmarks import compress_rows, hardware, peers, render, rounds, rows, torch_int8
 from compress.metrics import RESAMPLES
 
 log = logging.getLogger("benchmarks")
@@ -89,6 +91,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="extra override for every recipe (repeatable)",
     )
     p.add_argument("--latency-samples", type=int, help="batch-1 requests timed (default: every dev row once)")
+    p.add_argument(
+        "--rounds",
+        type=rows.positive_int,
+        default=3,
+        help="interleaved latency rounds per task (each row in turn); a row's p50 is their median",
+    )
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=32, help="batch of the throughput pass")
@@ -306,6 +314,10 @@ def measure_task(
         compress_found, runs = recipe_rows(task, fit_path, held_path, dev, peaks, work, args)
         found += compress_found
     rows.add_intervals(found, dev.labels, args.bootstrap_resamples)
+    log.info("%s: %d interleaved latency rounds over %d rows", task.name, args.rounds, len(found))
+    rounds.measure_rounds(
+        found, dev.texts, dev.pairs, args.rounds, args.warmup, args.latency_samples or len(dev)
+    )
     return found, runs, dev.labels
 
 
@@ -371,6 +383,7 @@ def main(argv: list[str] | None = None) -> int:
         "gemm": gemm,
         "settings": {
             "latency_samples": args.latency_samples or "every dev row",
+            "latency_rounds": args.rounds,
             "warmup": args.warmup,
             "threads": args.threads,
             "throughput_batch": args.batch_size,

@@ -93,7 +93,9 @@ def killed_line(fmt: str, number: int) -> str:
     )
 
 
-def _worker_env(threads: int) -> dict[str, str]:
+def worker_env(threads: int) -> dict[str, str]:
+    """The environment of a process that measures a model: offline, compress importable, one thread
+    count for every runtime, and no tokenizer thread pool competing with the model's threads."""
     root = str(Path(__file__).resolve().parent.parent)
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS=str(threads))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
@@ -122,7 +124,7 @@ def run_worker(
         Path(tmp, "request.json").write_text(json.dumps(request))
         proc = subprocess.run(
             [sys.executable, "-m", "compress.evaluate_worker", f"{tmp}/request.json", f"{tmp}/result.json"],
-            env=_worker_env(threads),
+            env=worker_env(threads),
             capture_output=True,
             text=True,
         )
