@@ -19,7 +19,7 @@ import torch
 from compress.data import Split
 from compress.distill.config import AugmentOptions
 from compress.distill.proposer import REPORT, fit_proposer
-from compress.errors import ModelError
+from compress.errors import DataError, ModelError
 from compress.io import atomic_path, sha256_json
 from compress.terminal import progress
 
@@ -154,6 +154,13 @@ def augment_texts(
     return out
 
 
+def swapped(texts: list[str], pairs: list[str], rows: dict[str, Any]) -> dict[str, list[str]]:
+    """``rows`` (the variants) plus the original pairs and the variants, each second text first."""
+    first = texts + (rows["texts"] if rows["pairs"] is not None else [])
+    second = pairs + (rows["pairs"] or [])
+    return {"texts": rows["texts"] + second, "pairs": (rows["pairs"] or []) + first}
+
+
 def augment_split(
     split: Split,
     tokenizer: Any,
@@ -165,6 +172,11 @@ def augment_split(
     teacher_sha: str,
 ) -> Split:
     """The unlabelled augmented rows for ``split`` (not including the originals), cached as JSON."""
+    if options.swap_pairs and split.pairs is None:
+        raise DataError(
+            "distill.augment.swap_pairs: the task has no second text to swap (task.text_pair is unset); "
+            "remove swap_pairs or set multiplier >= 1"
+        )
     key = sha256_json([split.sha256, options.model_dump(), seed, teacher_sha])
     path = Path(cache_dir) / "distill" / f"augment-{key[:24]}.json"
     if path.is_file():
@@ -178,16 +190,17 @@ def augment_split(
                 fit_proposer(
                     teacher, tokenizer, split.texts + (split.pairs or []), options.proposer, seed, mlm_folder
                 )
-        texts = augment_texts(split.texts, tokenizer, teacher, options, seed, mlm_folder)
-        pairs = (
-            augment_texts(split.pairs, tokenizer, teacher, options, seed + 1, mlm_folder)
-            if split.pairs is not None
-            else None
-        )
+        texts, pairs = [[] for _ in split.texts], None
+        if options.multiplier:
+            texts = augment_texts(split.texts, tokenizer, teacher, options, seed, mlm_folder)
+            if split.pairs is not None:
+                pairs = augment_texts(split.pairs, tokenizer, teacher, options, seed + 1, mlm_folder)
         rows = {
             "texts": [v for vs in texts for v in vs],
             "pairs": [v for vs in pairs for v in vs] if pairs is not None else None,
         }
+        if options.swap_pairs:
+            rows = swapped(split.texts, split.pairs, rows)
         with atomic_path(path) as tmp:
             tmp.write_text(json.dumps(rows), encoding="utf-8")
     return Split(

@@ -123,7 +123,8 @@ class ProposerOptions(Strict):
 class AugmentOptions(Strict):
     """TinyBERT-style augmentation: each row gets ``multiplier`` variants with some words replaced."""
 
-    multiplier: int = Field(4, ge=1)
+    multiplier: int = Field(4, ge=0)
+    """Variants per row (0: none, for ``swap_pairs`` alone)."""
     method: Literal["embedding", "mlm"] = "embedding"
     mlm_model: str | None = None
     """A masked-LM folder sharing the teacher's vocabulary (method: mlm); unset: fit one on the
@@ -131,6 +132,18 @@ class AugmentOptions(Strict):
     proposer: ProposerOptions = Field(default_factory=ProposerOptions)
     candidates: int = Field(15, ge=1)
     replace_prob: float = Field(0.4, gt=0, le=1)
+    swap_pairs: bool = False
+    """Pair tasks: every pair (and every variant) also in the other order, second sentence first.
+    The teacher labels the swapped rows like any other transfer row, so nothing assumes the task
+    is symmetric; the student sees how the teacher reads both orders."""
+
+    @model_validator(mode="after")
+    def _adds_rows(self) -> AugmentOptions:
+        if self.multiplier == 0 and not self.swap_pairs:
+            raise ValueError(
+                "augment adds no rows with multiplier: 0; set multiplier >= 1 or swap_pairs: true"
+            )
+        return self
 
 
 class UnlabelledData(Strict):

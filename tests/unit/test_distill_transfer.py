@@ -177,3 +177,62 @@ def test_mlm_augmentation_without_a_model_fits_a_proposer_once(tmp_path, tiny_be
     vocab = set(tokenizer.get_vocab())
     changed = [v for v, t in zip(rows.texts, [t for t in TEXTS for _ in range(2)], strict=True) if v != t]
     assert changed and all(w in vocab for v in changed for w in v.split() if w.isalpha())
+
+
+PAIRS = ["a tasty meal", "the film was really good", "bad", "it is slow"]
+
+
+def pair_split() -> Split:
+    return Split(list(TEXTS), list(PAIRS), [1, 0, 0, 1], ["no", "yes"], "mem", "sha-pairs")
+
+
+def test_swap_pairs_alone_adds_every_pair_second_text_first(tmp_path, tiny_bert_dir):
+    teacher, tokenizer = load_classifier(tiny_bert_dir)
+    options = AugmentOptions(multiplier=0, swap_pairs=True)
+    rows = augment_split(
+        pair_split(), tokenizer, teacher, options, seed=0, cache_dir=tmp_path, teacher_sha="t"
+    )
+    assert rows.texts == PAIRS and rows.pairs == TEXTS and rows.labels is None
+
+
+def test_swap_pairs_with_variants_swaps_the_originals_and_every_variant(tmp_path, tiny_bert_dir):
+    teacher, tokenizer = load_classifier(tiny_bert_dir)
+    plain = augment_split(
+        pair_split(),
+        tokenizer,
+        teacher,
+        AugmentOptions(multiplier=2, replace_prob=1.0),
+        seed=0,
+        cache_dir=tmp_path / "plain",
+        teacher_sha="t",
+    )
+    options = AugmentOptions(multiplier=2, replace_prob=1.0, swap_pairs=True)
+    rows = augment_split(
+        pair_split(), tokenizer, teacher, options, seed=0, cache_dir=tmp_path, teacher_sha="t"
+    )
+    n = len(TEXTS)
+    assert len(rows) == 2 * 2 * n + n
+    assert rows.texts[: 2 * n] == plain.texts and rows.pairs[: 2 * n] == plain.pairs
+    ordered = set(zip(TEXTS + plain.texts, PAIRS + plain.pairs, strict=True))
+    swapped = set(zip(rows.pairs[2 * n :], rows.texts[2 * n :], strict=True))
+    assert swapped == ordered
+
+
+def test_swap_pairs_needs_a_pair_task_and_rows_to_add(tmp_path, tiny_bert_dir):
+    from pydantic import ValidationError
+
+    from compress.errors import DataError
+
+    teacher, tokenizer = load_classifier(tiny_bert_dir)
+    with pytest.raises(DataError, match="swap_pairs: the task has no second text"):
+        augment_split(
+            split(),
+            tokenizer,
+            teacher,
+            AugmentOptions(multiplier=0, swap_pairs=True),
+            seed=0,
+            cache_dir=tmp_path,
+            teacher_sha="t",
+        )
+    with pytest.raises(ValidationError, match="augment adds no rows with multiplier: 0"):
+        AugmentOptions(multiplier=0)
