@@ -284,7 +284,7 @@ def load_source(
 
 def load_recipe_split(recipe: Any, name: str) -> Split:
     """Load ``data.<name>`` of a recipe; eval/test take their label names from train."""
-    from compress.recipe import recipe_dir
+    from compress.recipe_base import recipe_dir
 
     source = getattr(recipe.data, name)
     if source is None:

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from compress.errors import CompressError, GateFailure
 from compress.io import atomic_path
-from compress.recipe import BaselineGates, GatesConfig
+from compress.recipe_base import BaselineGates, GatesConfig
 from compress.report_file import load_report
 
 Entry = dict[str, Any]

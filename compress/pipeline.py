@@ -26,9 +26,9 @@ from filelock import FileLock, Timeout
 from compress.errors import CompressError, RunLockedError
 from compress.io import atomic_dir, file_entries, read_json, sha256_json, write_json_atomic
 from compress.models import folder_weights_sha, resolve_teacher
-from compress.recipe import recipe_dir
+from compress.recipe_base import recipe_dir
+from compress.stage_context import FinishedStage, StageContext
 from compress.stages import STAGES
-from compress.stages.base import FinishedStage, StageContext
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +141,7 @@ def finished_manifest(folder: Path, config_hash: str) -> dict[str, Any] | None:
 def data_identity(recipe: Any) -> dict[str, Any]:
     """Hashes of the data sources (file contents for local files), so edited data reruns stages."""
     from compress.io import sha256_file
-    from compress.recipe import resolve_path
+    from compress.recipe_base import resolve_path
 
     out: dict[str, Any] = {}
     for name in ("train", "eval", "test"):

@@ -228,7 +228,7 @@ def _recipe_teacher(run_dir: Path, recipe: Any | None) -> Path:
             raise CompressError(f"{run_dir / 'run.json'}: no teacher_dir; {REDO_RUN}")
         return Path(teacher)
     from compress.models import resolve_teacher
-    from compress.recipe import recipe_dir
+    from compress.recipe_base import recipe_dir
 
     return resolve_teacher(recipe.teacher, recipe_dir(recipe))
 

@@ -15,7 +15,7 @@ from typing import Literal
 
 from pydantic import Field, ValidationError, model_validator
 
-from compress.config import Strict
+from compress.config import MAX_CONFIG_BYTES, Strict, validation_error_line
 from compress.errors import CompressError, RecipeError
 
 Scheme = Literal["weight-only", "dynamic", "static"]
@@ -129,16 +129,15 @@ def targets_dir() -> Path:
 
 def load_target_file(path: Path) -> TargetProfile:
     from compress.io import require_regular_file
-    from compress.recipe import MAX_RECIPE_BYTES, validation_error_line
     from compress.yamlpos import load_yaml_with_lines
 
     try:
         size = require_regular_file(path, "check $COMPRESS_TARGETS").st_size
     except CompressError as exc:
         raise RecipeError(str(exc)) from None
-    if size > MAX_RECIPE_BYTES:
+    if size > MAX_CONFIG_BYTES:
         raise RecipeError(
-            f"{path}: {size} bytes, more than a target profile's {MAX_RECIPE_BYTES}; is it one?"
+            f"{path}: {size} bytes, more than a target profile's {MAX_CONFIG_BYTES}; is it one?"
         )
     data, lines = load_yaml_with_lines(path)
     if not isinstance(data, dict):

@@ -19,8 +19,8 @@ from compress.distill.objective import RelationLayers, frozen_projections, layer
 from compress.distill.transfer import TeacherOutputs, combine, real_lengths, teacher_outputs
 from compress.errors import DataError
 from compress.models import folder_weights_sha, load_classifier
-from compress.recipe import resolve_path
-from compress.stages.base import StageContext
+from compress.recipe_base import resolve_path
+from compress.stage_context import StageContext
 from compress.training import Encoded, classification_metrics, encode
 
 

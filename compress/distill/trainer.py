@@ -18,7 +18,7 @@ from compress.distill.data import prepare_transfer
 from compress.distill.loop import BestKeeper, Loop, evaluate, mlm_batch, train_loader
 from compress.distill.losses import Masker
 from compress.distill.objective import DistillModule, phases
-from compress.stages.base import StageContext
+from compress.stage_context import StageContext
 from compress.training import set_seed
 
 log = logging.getLogger(__name__)

@@ -1,86 +1,18 @@
 """The stage contract: a pydantic config per stage type and one handler function, joined by name.
 
-A handler reads its inputs from the ``StageContext`` and writes everything it produces into
-``ctx.out_dir`` (a temporary folder the pipeline renames into place when the handler returns).
-It returns a ``StageResult``; the pipeline writes the manifest. Handlers never print to stdout.
+A handler takes a ``StageContext`` and returns a ``StageResult`` (``compress.stage_context``, where
+the algorithms a handler calls also find them); ``StageSpec`` is what the registry keeps per name.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from dataclasses import dataclass
+from typing import Literal
 
-from compress.config import Strict
+from compress.stage_context import StageConfig, StageContext, StageResult
 
-if TYPE_CHECKING:
-    from compress.data import Split
-    from compress.recipe import Recipe
-    from compress.targets import TargetProfile
-
-
-class StageConfig(Strict):
-    """Every stage config has ``type``; subclasses narrow it to ``Literal["<name>"]``."""
-
-    type: str
-
-
-@dataclass(frozen=True)
-class FinishedStage:
-    """A stage folder of this run that has finished: its type, folder and manifest."""
-
-    type: str
-    dir: Path
-    manifest: dict[str, Any]
-
-
-@dataclass
-class StageContext:
-    recipe: Recipe
-    config: StageConfig
-    index: int
-    out_dir: Path
-    run_dir: Path
-    teacher_dir: Path
-    """The fine-tuned teacher: the recipe's teacher, or the output of a ``finetune`` stage."""
-    input_dir: Path
-    """The newest model checkpoint in the run (the teacher when no stage produced a model yet)."""
-    previous: list[FinishedStage]
-    cache_dir: Path
-    """``<run>/.cache``: shared across stages and reruns, e.g. teacher outputs keyed by hash."""
-    seed: int = 0
-    _splits: dict[str, Split] = field(default_factory=dict)
-
-    def split(self, name: Literal["train", "eval", "test"]) -> Split:
-        """The recipe's data split, loaded once per run."""
-        if name not in self._splits:
-            from compress.data import load_recipe_split
-
-            self._splits[name] = load_recipe_split(self.recipe, name)
-        return self._splits[name]
-
-    def where(self) -> str:
-        """``recipes/x.yaml stages[2]``: the prefix of an error about this stage's options."""
-        source = getattr(self.recipe, "_source", None) or "recipe"
-        return f"{source} stages[{self.index - 1}]"
-
-    def targets(self) -> list[TargetProfile]:
-        return [self.recipe.target_profile(name) for name in self.recipe.targets]
-
-    def last(self, stage_type: str) -> FinishedStage | None:
-        for stage in reversed(self.previous):
-            if stage.type == stage_type:
-                return stage
-        return None
-
-
-@dataclass
-class StageResult:
-    metrics: dict[str, Any] = field(default_factory=dict)
-    """Numbers a person reads: accuracy, agreement, parameter count, loss curves, ..."""
-    info: dict[str, Any] = field(default_factory=dict)
-    """Anything else worth recording in the manifest (e.g. which layers stayed float)."""
+__all__ = ["Handler", "StageConfig", "StageContext", "StageResult", "StageSpec"]
 
 
 Handler = Callable[[StageContext], StageResult]

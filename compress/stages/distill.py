@@ -15,8 +15,8 @@ from pydantic import Field
 from compress.distill.config import DistillOptions
 from compress.errors import DataError, ModelError, RecipeError
 from compress.models import count_parameters, load_classifier, save_checkpoint
-from compress.stages import register_stage
 from compress.stages.base import StageConfig, StageContext, StageResult
+from compress.stages.registry import register_stage
 
 
 class DistillConfig(StageConfig, DistillOptions):

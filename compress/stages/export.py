@@ -13,8 +13,8 @@ from typing import Any, Literal
 from pydantic import Field
 
 from compress.errors import RecipeError
-from compress.stages import register_stage
 from compress.stages.base import StageConfig, StageContext, StageResult
+from compress.stages.registry import register_stage
 
 
 class ExportConfig(StageConfig):

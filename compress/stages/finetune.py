@@ -17,8 +17,8 @@ from typing import Literal
 from pydantic import Field
 
 from compress.errors import DataError, TrainingError
-from compress.stages import register_stage
 from compress.stages.base import StageConfig, StageContext, StageResult
+from compress.stages.registry import register_stage
 
 log = logging.getLogger(__name__)
 

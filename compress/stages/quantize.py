@@ -17,9 +17,9 @@ from pydantic import Field, field_validator
 
 from compress.config import Strict
 from compress.errors import ExportError, RecipeError
-from compress.stages import register_stage
 from compress.stages.base import StageConfig, StageContext, StageResult
 from compress.stages.export import artifact_name, check_texts, export_float, load_input_model, stage_targets
+from compress.stages.registry import register_stage
 
 log = logging.getLogger(__name__)
 

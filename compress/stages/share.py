@@ -18,8 +18,8 @@ from pydantic import Field, model_validator
 from compress.config import Strict
 from compress.distill.config import DistillOptions
 from compress.errors import RecipeError
-from compress.stages import register_stage
 from compress.stages.base import StageConfig, StageContext, StageResult
+from compress.stages.registry import register_stage
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from compress.cli import Group
 from compress.cli_report import COMMANDS
 from compress.errors import CompressError, GateFailure
 from compress.gate import check_gates, check_report_file, raise_on_failure, write_junit
-from compress.recipe import GatesConfig
+from compress.recipe_base import GatesConfig
 from compress.report import SCHEMA
 
 
