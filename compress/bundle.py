@@ -5,6 +5,11 @@ label names, the single-file runner, requirements for the device and a manifest 
 every file. The runner checks that manifest before it loads the model, so a bundle copied to a
 board either runs exactly what compress checked or refuses to run. torch and transformers never
 go in: the board installs numpy, tokenizers and an interpreter only.
+
+A bundle for a phone (a target named android-* or ios-*, or any target with ``app_kit``) also carries
+the app developer's kit (``compress.parity``): the I/O contract as JSON and tokenizer parity vectors,
+since an app ports the tokenizer instead of running runner.py. A board's bundle does not: its runner
+is the application.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from pydantic import Field, StrictStr
 
 from compress.errors import CompressError
 from compress.io import atomic_path, check_model, sha256_file
-from compress.model_card import model_card
+from compress.model_card import bundle_usage, model_card
 from compress.subjects import REDO_ARTIFACT, Open, SafePath, read_artifact_manifest, read_labels
 
 log = logging.getLogger(__name__)
@@ -108,6 +113,14 @@ def readme_text(manifest: dict[str, Any], labels: list[str], bundle_name: str) -
         if manifest["format"] == "tflite"
         else ""
     )
+    kit = (
+        "For an app (Kotlin, Swift) that ports the tokenizer: io-contract.json (inputs, outputs, labels,\n"
+        "tokenizer settings) and parity-vectors.json (the exact arrays runner.py feeds for a few hundred\n"
+        "texts; a port must fill the same).\n"
+        "On the host, compress check-parity BUNDLE --port OUT.jsonl compares a port's arrays with them.\n\n"
+        if manifest.get("app_kit")
+        else ""
+    )
     picks = "".join(
         f"runner.py runs {entry['path']} ({entry['scheme']}) under {entry['interpreter']} "
         f"< {entry['below']}, model.tflite under any other interpreter, and says which on stderr: "
@@ -127,6 +140,7 @@ def readme_text(manifest: dict[str, Any], labels: list[str], bundle_name: str) -
         "  python3 runner.py predict --file texts.txt --out predictions.jsonl   # .txt, .tsv or .jsonl\n"
         "  python3 runner.py benchmark --out device.json\n\n"
         f"{picks}"
+        f"{kit}"
         "runner.py checks the sha256 of every file in manifest.json before loading the model.\n"
         "On the host, merge device.json into the run's report:\n"
         "  compress report RUN --device-results device.json\n"
@@ -134,11 +148,17 @@ def readme_text(manifest: dict[str, Any], labels: list[str], bundle_name: str) -
 
 
 def bundle_files(
-    artifact: Path, target_threads: int, bundle_name: str, report: dict[str, Any] | None = None
+    artifact: Path,
+    target_threads: int,
+    bundle_name: str,
+    report: dict[str, Any] | None = None,
+    *,
+    app_kit: bool = False,
 ) -> dict[str, bytes]:
     """Every file of the bundle by name, the artifact's own files checked against its manifest first.
 
-    ``report`` (the run's report.json) gives the model card its measured numbers."""
+    ``report`` (the run's report.json) gives the model card its measured numbers; ``app_kit`` adds
+    io-contract.json and parity-vectors.json (``compress.parity``)."""
     checked = read_artifact_manifest(artifact)
     source = checked.model_dump(by_alias=True)
     model_file = f"model.{checked.format}"
@@ -172,10 +192,18 @@ def bundle_files(
     for name, lines in requirement_lines(manifest["format"]).items():
         files[name] = ("\n".join(lines) + "\n").encode()
     labels = read_labels(artifact / "labels.json")
+    if app_kit:
+        from compress.parity import CONTRACT_FILE, PARITY_FILE
+        from compress.parity import app_kit as make_kit
+
+        files.update(make_kit(artifact, manifest, labels))
+        manifest["app_kit"] = {"io_contract": CONTRACT_FILE, "parity_vectors": PARITY_FILE}
     files["README.txt"] = readme_text(manifest, labels, bundle_name).encode()
     model_sha = next(e.sha256 for e in checked.files if e.path == model_file)
     card_source = {**manifest, "source": {**(source.get("source") or {}), "check": source.get("check")}}
-    files["README.md"] = model_card(card_source, labels, report, model_sha, bundle_name).encode()
+    pair = bool(manifest["task"].get("text_pair"))
+    usage = bundle_usage(bundle_name, pair, kit=app_kit)
+    files["README.md"] = model_card(card_source, labels, report, model_sha, usage).encode()
     manifest["files"] = [
         {"path": name, "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
         for name, data in sorted(files.items())
@@ -200,9 +228,14 @@ def write_tar(out_file: Path, folder: str, files: dict[str, bytes], mtime: int) 
         tmp.chmod(0o644)
 
 
-def make_bundle(run_dir: str | Path, target: str, out_file: str | Path | None = None) -> dict[str, Any]:
-    """Pack the run's artifact for ``target`` (default file: RUN/bundles/<run>-<target>.tar.gz)."""
+def make_bundle(
+    run_dir: str | Path, target: str, out_file: str | Path | None = None, *, app_kit: bool | None = None
+) -> dict[str, Any]:
+    """Pack the run's artifact for ``target`` (default file: RUN/bundles/<run>-<target>.tar.gz).
+
+    ``app_kit``: add the app developer's kit; None adds it for phone targets (``is_phone_target``)."""
     from compress.io import require_path
+    from compress.parity import is_phone_target
     from compress.report_file import load_report
     from compress.targets import load_target
 
@@ -215,7 +248,8 @@ def make_bundle(run_dir: str | Path, target: str, out_file: str | Path | None = 
     out = Path(out_file) if out_file else run_dir / "bundles" / f"{folder}.tar.gz"
     report_file = run_dir / "report.json"
     report = load_report(report_file) if report_file.exists() else None
-    files = bundle_files(artifact, profile.threads, f"{folder}.tar.gz", report)
+    kit = is_phone_target(target) if app_kit is None else app_kit
+    files = bundle_files(artifact, profile.threads, f"{folder}.tar.gz", report, app_kit=kit)
     manifest = read_artifact_manifest(artifact)
     write_tar(out, folder, files, int((artifact / f"model.{manifest.format}").stat().st_mtime))
     return {
@@ -227,5 +261,6 @@ def make_bundle(run_dir: str | Path, target: str, out_file: str | Path | None = 
         "format": manifest.format,
         "precision": manifest.precision,
         "target": target,
+        "app_kit": kit,
         "files": {name: len(data) for name, data in sorted(files.items())},
     }

@@ -1,4 +1,5 @@
-"""``compress bundle`` and ``compress verify-arm``: thin adapters over compress.bundle and compress.arm.
+"""``compress bundle``, ``verify-arm`` and ``check-parity``: thin adapters over compress.bundle, compress.arm
+and compress.parity.
 
 Paths are checked by the library, not click, so a symlink loop or a FIFO is named as such in one
 ``error:`` line instead of click's "does not exist".
@@ -23,11 +24,17 @@ def _megabytes(size: int) -> str:
 @click.argument("run", type=click.Path(path_type=Path))
 @click.option("--target", required=True, help="Target profile the bundle is for, e.g. raspberry-pi-4.")
 @click.option("-o", "--out", type=click.Path(path_type=Path, dir_okay=False), help="Bundle file (.tar.gz).")
-def bundle_cmd(run: Path, target: str, out: Path | None) -> None:
+@click.option(
+    "--app-kit/--no-app-kit",
+    default=None,
+    help="Add io-contract.json and tokenizer parity vectors for an app that ports the tokenizer "
+    "[default: for phone targets (android-*, ios-*) only].",
+)
+def bundle_cmd(run: Path, target: str, out: Path | None, app_kit: bool | None) -> None:
     """Pack RUN's artifact for TARGET with the on-device runner into one tar.gz (int8 when there is one)."""
     from compress.bundle import make_bundle
 
-    info = make_bundle(run, target, out)
+    info = make_bundle(run, target, out, app_kit=app_kit)
     click.echo(
         f"{info['path']}: {_megabytes(info['bytes'])} "
         f"({info['artifact']}, {info['format']} {info['precision']}, for {target})"
@@ -175,4 +182,29 @@ def verify_arm_cmd(
         ctx.exit(1)
 
 
-COMMANDS = (bundle_cmd, verify_arm_cmd)
+@click.command("check-parity")
+@click.argument("bundle", type=click.Path(path_type=Path))
+@click.option(
+    "--port",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Your tokenizer port's answers, one JSON object per case and line: "
+    '{"id", "input_ids", "attention_mask", "token_type_ids"} or {"id", "refused": true}.',
+)
+@click.pass_context
+def check_parity_cmd(ctx: click.Context, bundle: Path, port: Path | None) -> None:
+    """Check BUNDLE's tokenizer parity vectors (a .tar.gz or unpacked folder): without --port, that the
+    runner and tokenizer.json still give every carried array; with --port, that a port gives them."""
+    from compress.parity import check_bundle
+
+    result = check_bundle(bundle, port)
+    who = f"{port}" if port is not None else "the runner with this tokenizers"
+    problems = result["problems"]
+    for line in problems:
+        click.echo(f"  {line}")
+    verdict = f"{len(problems)} difference(s), listed above" if problems else "every array matches"
+    click.echo(f"{bundle}: {result['cases']} parity cases checked against {who}: {verdict}")
+    if problems:
+        ctx.exit(1)
+
+
+COMMANDS = (bundle_cmd, verify_arm_cmd, check_parity_cmd)

@@ -1,18 +1,28 @@
-"""A model card for a deploy bundle, in the Hugging Face format: YAML metadata, then what a reader needs.
+"""Model cards in the Hugging Face format (YAML metadata, then what a reader needs), for a deploy bundle
+and for every artifact folder of a run.
 
 The card says what the artifact is (format, precision, target, labels, the longest input), how to run
 it with the bundle's own runner, and what it was checked against: the numbers come from the run's
 report (accuracy, agreement with the teacher, latency and bytes, beside the teacher's own), and only
 when the report measured this very model file (same sha256). Without a matching report the card says
-so instead of quoting numbers that belong to another file.
+so instead of quoting numbers that belong to another file. An artifact folder's card is written when
+the run's report is (``write_artifact_cards``), beside the files its manifest lists: README.md is not
+one of them, so the card never changes a hash a manifest records.
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from compress.errors import CompressError
+
+log = logging.getLogger(__name__)
+
+CARD = "README.md"
 
 
 def report_entry(report: dict[str, Any] | None, name: str, model_sha256: str) -> dict[str, Any] | None:
@@ -34,10 +44,19 @@ def _ms(metrics: dict[str, Any]) -> str:
     return "n/a" if not isinstance(p50, int | float) else f"{p50:.2f}"
 
 
+def base_model(report: dict[str, Any] | None) -> str | None:
+    """The teacher the run compressed: a Hub id as given, a local folder by its name."""
+    path = ((report or {}).get("teacher") or {}).get("path")
+    if not isinstance(path, str) or not path:
+        return None
+    local = Path(path).is_absolute() or Path(path).exists() or path.startswith(".")
+    return Path(path).name if local else path
+
+
 def metadata(manifest: dict[str, Any], labels: list[str], entry: dict[str, Any] | None, report: Any) -> dict:
     """The card's YAML header: the keys the Hugging Face Hub reads (pipeline_tag, tags, base_model,
     license, datasets, model-index with the measured metrics)."""
-    source = (manifest.get("source") or {}).get("checkpoint")
+    source = base_model(report) or (manifest.get("source") or {}).get("checkpoint")
     meta: dict[str, Any] = {
         "pipeline_tag": "text-classification",
         "library_name": "onnxruntime" if manifest["format"] == "onnx" else "litert",
@@ -45,7 +64,7 @@ def metadata(manifest: dict[str, Any], labels: list[str], entry: dict[str, Any] 
         "tags": ["compress", manifest["format"], str(manifest.get("precision")), str(manifest.get("target"))],
     }
     if source:
-        meta["base_model"] = Path(str(source)).name
+        meta["base_model"] = str(source) if source == base_model(report) else Path(str(source)).name
     data = (report or {}).get("data") or {}
     if data.get("source"):
         meta["datasets"] = [Path(str(data["source"])).name]
@@ -72,14 +91,55 @@ def metadata(manifest: dict[str, Any], labels: list[str], entry: dict[str, Any] 
     return meta
 
 
+def bundle_usage(bundle_name: str, pair: bool, kit: bool = False) -> list[str]:
+    """How to run the model from its bundle."""
+    lines = [
+        "```bash",
+        f"tar xzf {bundle_name} && cd {bundle_name.removesuffix('.tar.gz')}",
+        "pip install -r requirements.txt",
+        'python3 runner.py predict "some text"' + (' --pair "another text"' if pair else ""),
+        "```",
+        "",
+        "`runner.py` checks the sha256 of every file listed in `manifest.json` before it loads the model.",
+    ]
+    if kit:
+        lines += [
+            "",
+            "**In an app** (Kotlin, Swift): `io-contract.json` gives the input names, dtypes and "
+            "shapes per signature, the output, the labels and the tokenizer's settings; "
+            "`parity-vectors.json` gives, for a few hundred texts, the exact `input_ids`, "
+            "`attention_mask` and `token_type_ids` the runner feeds. A tokenizer port is right when it "
+            "fills the same arrays for every case (and refuses the cases marked `refused`).",
+        ]
+    return lines
+
+
+def folder_usage(manifest: dict[str, Any], folder: Path, pair: bool) -> list[str]:
+    """How to run the model from its artifact folder (on the host), and how to ship it."""
+    target = manifest.get("target") or "TARGET"
+    run = folder.parent.parent
+    return [
+        "```bash",
+        f'python -m compress.runtime.runner --dir {folder} predict "some text"'
+        + (' --pair "another text"' if pair else ""),
+        f"compress bundle {run} --target {target}   # everything a device needs, in one tar.gz",
+        "```",
+        "",
+        "The runner checks the sha256 of every file listed in `manifest.json` before it loads the model; "
+        "`model.*` takes `input_ids`, `attention_mask` (and `token_type_ids`) and returns `logits` "
+        "(see `manifest.json` for names, dtypes and shapes).",
+    ]
+
+
 def model_card(
     manifest: dict[str, Any],
     labels: list[str],
     report: dict[str, Any] | None,
     model_sha256: str,
-    bundle_name: str,
+    usage: list[str],
 ) -> str:
-    """README.md of a bundle: YAML metadata between ``---`` lines, then the card in Markdown."""
+    """README.md of a bundle or artifact folder: YAML metadata between ``---`` lines, then Markdown.
+    ``usage`` is the "How to run it" section (``bundle_usage`` or ``folder_usage``)."""
     name = str(manifest.get("name"))
     entry = report_entry(report, name, model_sha256)
     meta = metadata(manifest, labels, entry, report)
@@ -100,13 +160,7 @@ def model_card(
         "",
         "## How to run it",
         "",
-        "```bash",
-        f"tar xzf {bundle_name} && cd {bundle_name.removesuffix('.tar.gz')}",
-        "pip install -r requirements.txt",
-        'python3 runner.py predict "some text"' + (' --pair "another text"' if pair else ""),
-        "```",
-        "",
-        "`runner.py` checks the sha256 of every file listed in `manifest.json` before it loads the model.",
+        *usage,
         "",
         "## What it was checked against",
         "",
@@ -137,3 +191,41 @@ def model_card(
             "Latency on the device differs: `python3 runner.py benchmark --out device.json` measures it.",
         ]
     return "\n".join(lines) + "\n"
+
+
+def artifact_card(folder: Path, report: dict[str, Any]) -> str:
+    """The card of one artifact folder, its manifest and labels read through their checked schemas."""
+    from compress.subjects import read_artifact_manifest, read_labels
+
+    checked = read_artifact_manifest(folder)
+    source = checked.model_dump(by_alias=True)
+    model_file = f"model.{checked.format}"
+    model_sha = next((e.sha256 for e in checked.files if e.path == model_file), "")
+    manifest = {**source, "source": {**(source.get("source") or {}), "check": source.get("check")}}
+    pair = bool((source.get("task") or {}).get("text_pair"))
+    labels = read_labels(folder / "labels.json")
+    return model_card(manifest, labels, report, model_sha, folder_usage(source, folder, pair))
+
+
+def write_artifact_cards(report: dict[str, Any]) -> list[Path]:
+    """README.md in every artifact folder the report measured, filled from the report. A folder that is
+    gone (a report read on another machine) or unreadable is skipped with a warning: the report itself
+    is written either way."""
+    from compress.io import write_text_atomic
+    from compress.subjects import is_artifact_folder, present
+
+    written = []
+    for entry in report.get("artifacts") or []:
+        path = entry.get("path")
+        folder = Path(path) if isinstance(path, str) and path else None
+        if folder is None or not present(folder / "manifest.json"):
+            continue
+        try:
+            if not is_artifact_folder(folder):
+                continue
+            write_text_atomic(folder / CARD, artifact_card(folder, report))
+        except CompressError as exc:
+            log.warning("model card for %s not written: %s", entry.get("name"), exc)
+            continue
+        written.append(folder / CARD)
+    return written

@@ -67,13 +67,16 @@ def apply_gates(report: dict[str, Any]) -> None:
 
 
 def write_report(run_dir: str | Path, report: dict[str, Any]) -> None:
-    """report.png and report.md first, report.json last: a report.json means the set is complete."""
+    """report.png and report.md first, report.json last: a report.json means the set is complete. Then
+    each artifact folder's model card (README.md), filled from this report."""
+    from compress.model_card import write_artifact_cards
     from compress.report_render import markdown, plot
 
     run_dir = Path(run_dir)
     plot(report, run_dir / "report.png")
     write_text_atomic(run_dir / "report.md", markdown(report))
     write_json_atomic(run_dir / "report.json", report)
+    write_artifact_cards(report)
 
 
 def build_run_report(run_dir: str | Path, recipe: Any) -> dict[str, Any]:

@@ -389,6 +389,17 @@ class Encoder:
         return [(e.ids, e.type_ids) for e in self.tokenizer.encode_batch(inputs)]
 
 
+def token_limit(max_length: int, lengths: list[int] | None) -> int:
+    """Where the tokenizer truncates: the manifest's max_length, or the longest signature if shorter."""
+    return min(max_length, max(lengths or [max_length]))
+
+
+def length_for(lengths: list[int] | None, tokens: int) -> int:
+    """The sequence length a row of ``tokens`` runs at: dynamic models (no fixed lengths) take the
+    batch's own length, fixed ones the smallest signature that holds it."""
+    return tokens if lengths is None else next(n for n in lengths if n >= tokens)
+
+
 def make_feeds(encoded: list[tuple[list[int], list[int]]], length: int, pad_id: int, dtypes: dict[str, Any]):
     ids = np.full((len(encoded), length), pad_id, dtype=np.int64)
     mask = np.zeros_like(ids)
@@ -483,9 +494,7 @@ class Runner:
         return checked, [check_text(pair, f"pair {i + 1}") for i, pair in enumerate(pairs)]
 
     def _length_for(self, tokens: int) -> int:
-        """Dynamic models take the batch's own length; fixed ones the smallest signature that fits."""
-        lengths = self.session.lengths
-        return tokens if lengths is None else next(n for n in lengths if n >= tokens)
+        return length_for(self.session.lengths, tokens)
 
     def _run(self, chunk: list[tuple[list[int], list[int]]], step: int) -> np.ndarray:
         length = self._length_for(max(len(ids) for ids, _ in chunk))
@@ -612,8 +621,7 @@ def load(
         if not path.is_file():
             raise RunnerError(f"{path}: missing; copy the whole bundle again")
         session = OnnxSession(path, count)
-    max_length = min(manifest["max_length"], max(session.lengths or [manifest["max_length"]]))
-    encoder = Encoder(folder / "tokenizer.json", max_length)
+    encoder = Encoder(folder / "tokenizer.json", token_limit(manifest["max_length"], session.lengths))
     return Runner(folder, manifest, session, encoder, labels, chosen, why)
 
 
