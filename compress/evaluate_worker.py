@@ -4,6 +4,8 @@ A fresh process per model makes the peak memory honest (it covers only this mode
 runtime, never the teacher evaluated before it) and keeps torch out of the process that measures
 an ONNX or TFLite artifact, as on a device. Artifacts run through ``compress.runtime.runner``, the
 same code that ships in a deploy bundle; checkpoints through ``compress.models.load_classifier``.
+Each batch-1 request runs from text to label and is timed whole and in its parts (tokenisation, the
+runtime call, post-processing), so a report can say where a model's time goes, not only how much.
 """
 
 from __future__ import annotations
