@@ -13,6 +13,7 @@ one of them, so the card never changes a hash a manifest records.
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -44,27 +45,47 @@ def _ms(metrics: dict[str, Any]) -> str:
     return "n/a" if not isinstance(p50, int | float) else f"{p50:.2f}"
 
 
-def base_model(report: dict[str, Any] | None) -> str | None:
-    """The teacher the run compressed: a Hub id as given, a local folder by its name."""
-    path = ((report or {}).get("teacher") or {}).get("path")
-    if not isinstance(path, str) or not path:
-        return None
-    local = Path(path).is_absolute() or Path(path).exists() or path.startswith(".")
-    return Path(path).name if local else path
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def origin(report: dict[str, Any] | None) -> str | None:
+    """The model the run started from: the first stage's input as its manifest records it (the recipe's
+    teacher), else the report's teacher. None when neither can be read."""
+    from compress.subjects import read_run_file, read_stage_manifest
+
+    run = (report or {}).get("run")
+    try:
+        stages = read_run_file(Path(run)).stages if isinstance(run, str) and run else []
+        manifest = read_stage_manifest(Path(run) / stages[0].dir) if stages else None
+    except CompressError:
+        manifest = None
+    inputs = (manifest.model_extra or {}).get("inputs") if manifest is not None else None
+    start = inputs.get("input_dir") if isinstance(inputs, dict) else None
+    start = start or ((report or {}).get("teacher") or {}).get("path")
+    return start if isinstance(start, str) and start else None
+
+
+def hub_id(name: str | None) -> str | None:
+    """``name`` if it reads as a Hugging Face Hub id (owner/model) and is no folder here."""
+    return name if name and HUB_ID.match(name) and not Path(name).exists() else None
+
+
+def shown_name(name: str) -> str:
+    """A Hub id as is; a local folder by its last two path parts (no home folders in a shipped card)."""
+    return name if hub_id(name) else "/".join(Path(name).parts[-2:])
 
 
 def metadata(manifest: dict[str, Any], labels: list[str], entry: dict[str, Any] | None, report: Any) -> dict:
-    """The card's YAML header: the keys the Hugging Face Hub reads (pipeline_tag, tags, base_model,
-    license, datasets, model-index with the measured metrics)."""
-    source = base_model(report) or (manifest.get("source") or {}).get("checkpoint")
+    """The card's YAML header: the keys the Hugging Face Hub reads (pipeline_tag, tags, base_model when
+    the run started from a Hub id, license, datasets, model-index with the measured metrics)."""
     meta: dict[str, Any] = {
         "pipeline_tag": "text-classification",
         "library_name": "onnxruntime" if manifest["format"] == "onnx" else "litert",
         "license": "unknown",
         "tags": ["compress", manifest["format"], str(manifest.get("precision")), str(manifest.get("target"))],
     }
-    if source:
-        meta["base_model"] = str(source) if source == base_model(report) else Path(str(source)).name
+    if hub_id(origin(report)):
+        meta["base_model"] = origin(report)
     data = (report or {}).get("data") or {}
     if data.get("source"):
         meta["datasets"] = [Path(str(data["source"])).name]
@@ -89,6 +110,34 @@ def metadata(manifest: dict[str, Any], labels: list[str], entry: dict[str, Any] 
         ]
     meta["labels"] = list(labels)
     return meta
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def check_lines(check: dict[str, Any]) -> list[str]:
+    """The artifact manifest's ``check`` in words: the export's logit difference against PyTorch, and a
+    quantized model's labels kept against the fp32 artifact it came from (``eval``)."""
+    lines = []
+    if _number(check.get("max_abs_diff")):
+        tolerance = ", ".join(f"{k} {check[k]}" for k in ("atol", "rtol") if _number(check.get(k)))
+        lines.append(
+            "At export, against the PyTorch model it was made from: largest logit difference "
+            f"{check['max_abs_diff']:.2e}{f' (tolerance {tolerance})' if tolerance else ''}."
+        )
+    measured = check.get("eval") if isinstance(check.get("eval"), dict) else {}
+    if _number(measured.get("agreement")):
+        accuracy = (
+            f"; accuracy {_pct(measured['float_accuracy'])}% -> {_pct(measured['accuracy'])}%"
+            if _number(measured.get("accuracy")) and _number(measured.get("float_accuracy"))
+            else ""
+        )
+        lines.append(
+            f"Quantized, against the fp32 artifact it came from on {measured.get('samples', '?')} eval rows: "
+            f"{_pct(measured['agreement'])}% of its labels kept{accuracy}."
+        )
+    return [*lines, ""] if lines else []
 
 
 def bundle_usage(bundle_name: str, pair: bool, kit: bool = False) -> list[str]:
@@ -145,6 +194,7 @@ def model_card(
     meta = metadata(manifest, labels, entry, report)
     pair = bool((manifest.get("task") or {}).get("text_pair"))
     check = (manifest.get("source") or {}).get("check") or {}
+    start = origin(report) or (manifest.get("source") or {}).get("checkpoint")
     lines = [
         "---",
         yaml.safe_dump(meta, sort_keys=False, allow_unicode=True).rstrip(),
@@ -152,9 +202,9 @@ def model_card(
         "",
         f"# {name}",
         "",
-        f"A {manifest.get('precision')} {manifest['format'].upper()} text classifier for "
+        f"A text classifier in {manifest['format'].upper()} ({manifest.get('precision')}) for "
         f"`{manifest.get('target')}`, made by compress from "
-        f"`{meta.get('base_model', 'its teacher')}`. Labels: {', '.join(labels)}. "
+        f"{f'`{shown_name(start)}`' if start else 'its teacher'}. Labels: {', '.join(labels)}. "
         f"{'Inputs are sentence pairs. ' if pair else ''}"
         f"Texts longer than {manifest.get('max_length')} tokens are truncated.",
         "",
@@ -165,8 +215,7 @@ def model_card(
         "## What it was checked against",
         "",
     ]
-    if check:
-        lines += [f"At export, against the PyTorch model it was made from: `{check}`.", ""]
+    lines += check_lines(check)
     if entry is None:
         lines.append(
             "No report of the run measured this model file; run `compress report RUN` and bundle again "
@@ -188,7 +237,8 @@ def model_card(
             f"| this model | {_pct(em.get('accuracy'))} | {_pct(em.get('agreement'))} | {_ms(em)} "
             f"| {entry.get('bytes', 0) / 1e6:.1f} |",
             "",
-            "Latency on the device differs: `python3 runner.py benchmark --out device.json` measures it.",
+            "Latency on the device differs: the bundle's `python3 runner.py benchmark --out device.json` "
+            "measures it there.",
         ]
     return "\n".join(lines) + "\n"
 

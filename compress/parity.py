@@ -196,19 +196,24 @@ def tflite_signatures(path: Path) -> list[dict[str, Any]]:
     return sorted(signatures, key=lambda s: s["length"] or 0)
 
 
+ONNX_TYPES = {"tensor(float)": "float32", "tensor(int64)": "int64", "tensor(int32)": "int32"}
+
+
 def onnx_signatures(path: Path) -> list[dict[str, Any]]:
-    """The one signature of an ONNX model; a dynamic axis is -1."""
+    """The one signature of an ONNX model; a dynamic axis is -1 and a dynamic length None."""
     import onnxruntime as ort
 
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    try:
+        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    except Exception as exc:  # onnxruntime raises its own pybind types
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+        raise CompressError(f"{path}: cannot be loaded ({reason}); {REDO_KIT}") from None
 
     def specs(values: list[Any]) -> list[dict[str, Any]]:
         return [
             {
                 "name": v.name,
-                "dtype": v.type.removeprefix("tensor(").removesuffix(")").replace("float", "float32")
-                if v.type == "tensor(float)"
-                else v.type.removeprefix("tensor(").removesuffix(")"),
+                "dtype": ONNX_TYPES.get(v.type, v.type),
                 "shape": [d if isinstance(d, int) and d > 0 else -1 for d in v.shape],
             }
             for v in sorted(values, key=lambda v: v.name)

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from compress.io import file_entries, read_json, write_json_atomic
-from compress.model_card import CARD, write_artifact_cards
+from compress.model_card import CARD, check_lines, write_artifact_cards
 from compress.report import SCHEMA, regenerate
 from compress.runtime.runner import load
 from tests.helpers.artifacts import cached_artifact
@@ -73,7 +73,9 @@ def test_the_report_writes_a_card_into_each_artifact_folder(onnx_artifact, tiny_
     regenerate(run)
     meta, body = card(folder)
     assert meta["pipeline_tag"] == "text-classification" and meta["labels"] == ["l0", "l1"]
-    assert meta["base_model"] == tiny_bert_dir.name and meta["datasets"] == ["reviews.tsv"]
+    # a local teacher is named in the text; base_model is for a Hub id only
+    assert "base_model" not in meta and meta["datasets"] == ["reviews.tsv"]
+    assert f"made by compress from `{tiny_bert_dir.parent.name}/{tiny_bert_dir.name}`" in body
     results = meta["model-index"][0]["results"][0]["metrics"]
     assert {"type": "accuracy", "value": 0.8125} in results and {
         "type": "agreement",
@@ -94,9 +96,27 @@ def test_a_card_quotes_no_numbers_measured_on_another_file(onnx_artifact, tiny_b
     run, folder = run_with_report(tmp_path / "run", onnx_artifact, tiny_bert_dir)
     report = read_json(run / "report.json")
     report["artifacts"][0]["sha256"] = "0" * 64
+    report["teacher"]["path"] = "someone/tiny-bert"
     assert write_artifact_cards(report) == [folder / CARD]
     meta, body = card(folder)
     assert "model-index" not in meta and "81.25" not in body and "No report of the run measured" in body
+    assert meta["base_model"] == "someone/tiny-bert"
+
+
+def test_the_card_says_what_the_manifest_check_measured():
+    export = {"max_abs_diff": 9.5367431640625e-07, "atol": 0.001, "rtol": 0.001, "shapes": [[1, 32]]}
+    assert check_lines(export) == [
+        "At export, against the PyTorch model it was made from: largest logit difference 9.54e-07 "
+        "(tolerance atol 0.001, rtol 0.001).",
+        "",
+    ]
+    quantized = {"eval": {"agreement": 0.992, "samples": 250, "float_accuracy": 0.8, "accuracy": 0.796}}
+    assert check_lines(quantized) == [
+        "Quantized, against the fp32 artifact it came from on 250 eval rows: 99.20% of its labels kept; "
+        "accuracy 80.00% -> 79.60%.",
+        "",
+    ]
+    assert check_lines({}) == []
 
 
 def test_a_missing_or_broken_artifact_folder_gets_no_card_and_the_report_is_still_written(

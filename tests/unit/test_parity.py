@@ -274,3 +274,27 @@ def test_check_parity_command_exits_1_on_a_difference(tflite, tiny_bert_dir, tmp
     assert sha256_file(folder / PARITY_FILE) in (folder / "manifest.json").read_text()
     bad = CliRunner().invoke(check_parity_cmd, [str(folder)])
     assert bad.exit_code == 1
+
+
+def test_a_forced_kit_covers_a_fallback_model_and_an_onnx_bundle(
+    tflite, tiny_bert_dir, tmp_path, targets, tmp_path_factory
+):
+    from tests.helpers.fallbacks import FALLBACK, with_fallback
+
+    pi = with_fallback(tflite, tmp_path / "with-fallback")
+    folder = bundled(tmp_path / "pi", tiny_bert_dir, pi, target="tiny-board", app_kit=True)
+    contract = read_json(folder / CONTRACT_FILE)
+    assert [model["path"] for model in contract["models"]] == ["model.tflite", FALLBACK]
+    assert contract["fallbacks"][0]["interpreter"] == "tflite_runtime"
+    assert check_bundle(folder)["problems"] == []
+    onnx = cached_artifact(tiny_bert_dir, tmp_path_factory.mktemp("onnx"), "onnx", [32])
+    (targets / "tiny-board.yaml").write_text(
+        PROFILE.format(name="tiny-board").replace("tflite", "onnx").replace("litert", "onnxruntime")
+        .replace("int32", "int64").replace("[16, 32]", "[32]")
+    )  # fmt: skip
+    folder = bundled(tmp_path / "onnx", tiny_bert_dir, onnx, target="tiny-board", app_kit=True)
+    parity = read_json(folder / PARITY_FILE)
+    assert parity["sequence_lengths"] is None  # dynamic axes: each text at its own length, no padding
+    assert all(sum(c["attention_mask"]) == c["length"] for c in parity["cases"] if "refused" not in c)
+    assert read_json(folder / CONTRACT_FILE)["models"][0]["signatures"][0]["inputs"][0]["dtype"] == "int64"
+    assert check_bundle(folder)["problems"] == []
