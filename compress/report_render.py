@@ -269,8 +269,9 @@ def markdown(report: dict[str, Any]) -> str:
         f"`{str(data.get('sha256'))[:12]}`). Every model ran on host {host.get('machine')} "
         f"({host.get('cpus')} CPUs) "
         f"in its own process, through its own runtime and saved tokenizer. Latency: batch 1 over real eval "
-        f"sentences, from text to label (tokenisation and post-processing included), after {lat.get('warmup', '–')} warm-up requests; fixed-length "
-        "artifacts pad to their length. Deltas and ratios are against the teacher.",
+        "sentences, from text to label (tokenisation and post-processing included), after "
+        f"{lat.get('warmup', '–')} warm-up requests; fixed-length artifacts pad to their length. "
+        "Deltas and ratios are against the teacher.",
         "",
         "## Quality and fidelity to the teacher",
         "",
