@@ -153,3 +153,10 @@ def test_server_processes_time_a_real_model_in_rounds(tiny_bert_dir: Path):
         assert summary["p50_min_ms"] <= summary["p50_ms"] <= summary["p50_max_ms"]
         assert set(summary["parts_ms"]) == {"tokenize", "runtime", "postprocess"}
         assert all(value >= 0 for value in summary["parts_ms"].values())
+
+
+def test_the_suite_takes_three_rounds_by_default_and_refuses_none():
+    assert suite.parse_args(["--shared", "s"]).rounds == 3
+    assert suite.parse_args(["--shared", "s", "--rounds", "5"]).rounds == 5
+    with pytest.raises(SystemExit):
+        suite.parse_args(["--shared", "s", "--rounds", "0"])
