@@ -1,0 +1,88 @@
+"""int8 against int4 embedding tables on finished headline runs: one fp32 ONNX export, quantized both ways.
+
+For each suite work folder (``runs/benchmarks-headline/sst2`` ...) the run's fp32 ONNX artifact is quantized
+with ``compress.quantize.onnx.quantize_onnx`` (dynamic, per-channel, as the arm64-onnx profile does) once with
+int8 tables and once with ``embedding_bits=4``, and each artifact is measured through the bundle runner on the
+run's held-out training rows (the only numbers a choice may use) and on dev (measured, never chosen on).
+
+    python benchmarks/embedding_bits.py --shared ../shared --task sst2 \\
+        runs/benchmarks-headline/sst2 runs/benchmarks-seed1/sst2 runs/benchmarks-seed2/sst2 \\
+        --out benchmarks/results/headline-seeds/embedding_bits.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+if not __package__:  # run as ``python benchmarks/embedding_bits.py``: make the repository importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+COLUMNS = {"sst2": ("sentence", None, "label"), "mrpc": ("#1 String", "#2 String", "Quality")}
+
+
+def read_rows(path: Path, task: str) -> tuple[list[str], list[str] | None, np.ndarray]:
+    text, pair, label = COLUMNS[task]
+    with open(path, newline="", encoding="utf-8") as handle:
+        rows = list(csv.DictReader(handle, delimiter="\t", quoting=csv.QUOTE_NONE))
+    return (
+        [r[text] for r in rows],
+        [r[pair] for r in rows] if pair else None,
+        np.array([int(r[label]) for r in rows]),
+    )
+
+
+def measure(folder: Path, split: tuple[list[str], list[str] | None, np.ndarray]) -> np.ndarray:
+    from compress.quantize import predict_logits
+
+    return predict_logits(folder, split[0], split[1]).argmax(-1)
+
+
+def compare(work: Path, task: str, dev: tuple, scratch: Path) -> dict:
+    from compress.quantize.onnx import quantize_onnx
+
+    run = next((work / "runs").iterdir())
+    fp32 = run / "03-export" / "arm64-onnx-fp32"
+    held = read_rows(work / "data" / "heldout.tsv", task)
+    folders = {"fp32": fp32}
+    for bits in (8, 4):
+        folders[f"int{bits}"] = scratch / f"{work.parent.name}-{task}-int{bits}"
+        quantize_onnx(fp32, folders[f"int{bits}"], scheme="dynamic", per_channel=True, embedding_bits=bits)
+    preds = {k: {"heldout": measure(f, held), "dev": measure(f, dev)} for k, f in folders.items()}
+    out = {"run": str(work), "rows": {"heldout": len(held[2]), "dev": len(dev[2])}}
+    for name, folder in folders.items():
+        entry = {"bytes": (folder / "model.onnx").stat().st_size}
+        for split, gold in (("heldout", held[2]), ("dev", dev[2])):
+            entry[f"{split}_accuracy"] = float((preds[name][split] == gold).mean())
+            if name != "fp32":
+                entry[f"{split}_agreement_fp32"] = float((preds[name][split] == preds["fp32"][split]).mean())
+        out[name] = entry
+    return out
+
+
+def main() -> None:
+    import tempfile
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="+", type=Path, help="suite work folders of one task (data/, runs/)")
+    parser.add_argument("--task", choices=list(COLUMNS), required=True)
+    parser.add_argument("--shared", type=Path, required=True, help="folder with data/<task>/dev.tsv")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    dev = read_rows(args.shared / "data" / args.task / "dev.tsv", args.task)
+    results = []
+    with tempfile.TemporaryDirectory() as scratch:
+        for work in args.runs:
+            results.append(compare(work, args.task, dev, Path(scratch)))
+            print(json.dumps(results[-1]), file=sys.stderr, flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"task": args.task, "runs": results}, indent=1) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()

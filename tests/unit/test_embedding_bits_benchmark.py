@@ -1,0 +1,37 @@
+"""benchmarks/embedding_bits.py on a tiny finished run: both table widths, held-out rows and dev."""
+
+from __future__ import annotations
+
+from benchmarks.embedding_bits import compare, read_rows
+from compress.export.onnx import export_onnx
+from compress.models import load_classifier
+from compress.targets import load_target
+from tests.helpers.tiny import NEGATIVE, POSITIVE
+
+
+def write_tsv(path, rows):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("sentence\tlabel\n" + "".join(f"{t}\t{y}\n" for t, y in rows), encoding="utf-8")
+
+
+def test_compare_quantizes_one_export_both_ways_and_measures_each_split(tmp_path, tiny_bert_dir):
+    model, tokenizer = load_classifier(tiny_bert_dir)
+    work = tmp_path / "benchmarks-headline" / "sst2"
+    fp32 = work / "runs" / "sst2-distil3" / "03-export" / "arm64-onnx-fp32"
+    export_onnx(model, tokenizer, fp32, load_target("arm64-onnx"), name="03-export/arm64-onnx-fp32")
+    rows = [(f"{POSITIVE[i % len(POSITIVE)]} film", 1) for i in range(6)]
+    rows += [(f"{NEGATIVE[i % len(NEGATIVE)]} film", 0) for i in range(6)]
+    write_tsv(work / "data" / "heldout.tsv", rows[::2])
+    write_tsv(tmp_path / "dev.tsv", rows[1::2])
+
+    out = compare(work, "sst2", read_rows(tmp_path / "dev.tsv", "sst2"), tmp_path / "scratch")
+
+    assert out["rows"] == {"heldout": 6, "dev": 6}
+    assert out["int4"]["bytes"] < out["int8"]["bytes"] < out["fp32"]["bytes"]
+    for name in ("int8", "int4"):
+        for key in ("heldout_accuracy", "dev_accuracy", "heldout_agreement_fp32", "dev_agreement_fp32"):
+            assert 0.0 <= out[name][key] <= 1.0
+    assert "heldout_agreement_fp32" not in out["fp32"]
+    manifests = sorted((tmp_path / "scratch").glob("*/manifest.json"))
+    names = [m.parent.name for m in manifests]
+    assert names == ["benchmarks-headline-sst2-int4", "benchmarks-headline-sst2-int8"]
