@@ -303,9 +303,11 @@ def tokenizer_spec(folder: Path, encoder: Any) -> dict[str, Any]:
     }
 
 
-def encode_case(runner: ModuleType, encoder: Any, full: Any, lengths: list[int] | None, inputs: list[str],
-                case: Case) -> dict[str, Any]:  # fmt: skip
-    """The runner's answer for one case: its refusal, or the arrays it feeds the model (batch row 0)."""
+def encode_case(
+    runner: ModuleType, encoder: Any, full: Any, lengths: list[int] | None, inputs: list[str], case: Case
+) -> dict[str, Any]:
+    """The runner's answer for one case: its refusal, or the arrays it feeds the model (batch row 0).
+    ``full`` is the same tokenizer without truncation, to tell whether the text was cut."""
     import numpy as np
 
     row: dict[str, Any] = {"id": case.id, "category": case.category, "text": case.text}
