@@ -39,8 +39,11 @@ def model_bytes_and_sha(folder: Path, fmt: str) -> tuple[int, str]:
 
 
 def total_bytes(folder: Path) -> int:
-    """Every file in the folder: what a deploy bundle carries (model, tokenizer, labels, manifest)."""
-    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+    """Every file in the folder: what a deploy bundle carries (model, tokenizer, labels, manifest).
+
+    Not the model card (``README.md`` at the top), which ``compress report`` writes into the folder
+    after measuring it: a folder measured again later must weigh the same."""
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and p != folder / "README.md")
 
 
 def _numel(dims: Any) -> int:

@@ -132,3 +132,14 @@ def test_a_missing_or_broken_artifact_folder_gets_no_card_and_the_report_is_stil
     assert not (folder / CARD).exists() and (run / "report.md").is_file()
     warning = next(r.getMessage() for r in caplog.records if "model card" in r.getMessage())
     assert "labels.json: a label name is listed twice" in warning
+
+
+def test_a_folders_total_bytes_leave_out_the_model_card_written_after_it_was_measured(tmp_path):
+    from compress.footprint import total_bytes
+
+    (tmp_path / "model.onnx").write_bytes(b"x" * 100)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "README.md").write_bytes(b"y" * 7)  # only the top-level card is left out
+    before = total_bytes(tmp_path)
+    (tmp_path / "README.md").write_text("---\nlicense: apache-2.0\n---\n# card\n", encoding="utf-8")
+    assert before == 107 and total_bytes(tmp_path) == before
