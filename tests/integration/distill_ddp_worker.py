@@ -11,7 +11,8 @@ from pathlib import Path
 import compress.distill.trainer as trainer
 import compress.stages.distill as stage
 from compress.models import resolve_teacher
-from compress.recipe import load_recipe, recipe_dir
+from compress.recipe import load_recipe
+from compress.recipe_base import recipe_dir
 from compress.stages.base import StageContext
 
 
