@@ -165,3 +165,32 @@ def test_target_options_narrow_a_profile_so_trimmed_positions_fit_the_stock_targ
     assert recipe.target_profile("raspberry-pi-4").sequence_lengths == [32, 64]
     assert recipe.target_profile("arm64-onnx").max_length == 64
     assert recipe.target_profile("raspberry-pi-4").threads == 4  # the rest of the stock profile stays
+
+
+def test_error_line_drops_any_discriminated_union_tag_and_takes_the_callers_wording():
+    """The one-line error is not tied to recipes: a target profile or any other config model with a
+    discriminated union gets ``items[1].size``, never pydantic's ``items.1.a.size``."""
+    from typing import Annotated, Literal, Union
+
+    from pydantic import Field, ValidationError
+
+    from compress.config import Strict, validation_error_line
+
+    class A(Strict):
+        type: Literal["a"]
+        size: int = Field(1, gt=0)
+
+    class B(Strict):
+        type: Literal["b"]
+
+    class Holder(Strict):
+        items: list[Annotated[Union[A, B], Field(discriminator="type")]]  # noqa: UP007
+
+    data = {"items": [{"type": "b"}, {"type": "a", "size": 0}]}
+    with pytest.raises(ValidationError) as caught:
+        Holder.model_validate(data)
+    lines = {("items", 1, "size"): 7}
+    line = validation_error_line("h.yaml", lines, caught.value, data)
+    assert line == "h.yaml:7 items[1].size: must be > 0, got 0"
+    own = validation_error_line("h.yaml", lines, caught.value, data, lambda err: f"{err['type']}; fix it")
+    assert own == "h.yaml:7 items[1].size: greater_than; fix it"
