@@ -92,8 +92,9 @@ def store_tables_int8(source: Path, target: Path) -> None:
         quiet.setLevel(level)
 
 
-def store_tables_int4(path: Path, block_size: int) -> dict[str, Any]:
-    """Rewrite ``path`` in place with every float table a ``Gather`` reads stored as int4 blocks.
+def store_tables_int4(path: Path, block_size: int, exclude_nodes: list[str] | None = None) -> dict[str, Any]:
+    """Rewrite ``path`` in place with every float table a ``Gather`` reads stored as int4 blocks
+    (except the lookups in ``exclude_nodes``, kept float on purpose).
 
     Asymmetric blocks of ``block_size`` values along the hidden axis (axis 1 of a [vocab, hidden]
     table), each with a float scale and an int4 zero point; the graph gets onnxruntime's
@@ -109,7 +110,12 @@ def store_tables_int4(path: Path, block_size: int) -> dict[str, Any]:
 
     model = onnx.load(str(path))
     floats = {i.name for i in model.graph.initializer if i.data_type == onnx.TensorProto.FLOAT}
-    lookups = {n.input[0] for n in model.graph.node if n.op_type == "Gather" and n.input[0] in floats}
+    excluded = set(exclude_nodes or [])
+    lookups = {
+        n.input[0]
+        for n in model.graph.node
+        if n.op_type == "Gather" and n.input[0] in floats and n.name not in excluded
+    }
     config = DefaultWeightOnlyQuantConfig(
         block_size=block_size,
         is_symmetric=False,
@@ -123,7 +129,7 @@ def store_tables_int4(path: Path, block_size: int) -> dict[str, Any]:
     try:
         # an all-zero block (the padding row) has scale 0, which the quantizer maps to its zero point
         with np.errstate(divide="ignore", invalid="ignore"):
-            quantizer = MatMulNBitsQuantizer(model, algo_config=config)
+            quantizer = MatMulNBitsQuantizer(model, nodes_to_exclude=sorted(excluded), algo_config=config)
             quantizer.process()
     finally:
         quiet.setLevel(level)
@@ -143,6 +149,15 @@ def store_tables_int4(path: Path, block_size: int) -> dict[str, Any]:
         "op": "com.microsoft.GatherBlockQuantized",
         "tables": tables,
     }
+
+
+def float_lookup_tables(path: Path) -> list[str]:
+    """Float initializers a ``Gather`` still reads (embedding tables left float)."""
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    floats = {t.name for t in graph.initializer if t.data_type == onnx.TensorProto.FLOAT and len(t.dims) == 2}
+    return [n.input[0] for n in graph.node if n.op_type == "Gather" and n.input[0] in floats]
 
 
 def check_node_names(model_path: Path, names: list[str]) -> None:
@@ -239,7 +254,7 @@ def quantize_onnx(
                     ),
                     extra_options={"ActivationSymmetric": symmetric},
                 )
-            embedding = store_tables_int4(target, embedding_block) if embedding_bits == 4 else None
+            embedding = store_tables_int4(target, embedding_block, excluded) if embedding_bits == 4 else None
         except ExportError:
             raise
         except Exception as exc:
@@ -257,7 +272,7 @@ def quantize_onnx(
             "format": "QDQ" if scheme == "static" else "integer-ops",
             "granularity": "per-channel" if per_channel else "per-tensor",
             "weights": "int8",
-            "embedding": embedding or {"bits": 8 if not op_types or "Gather" in op_types else 32},
+            "embedding": {**(embedding or {"bits": 8}), "float_tables": float_lookup_tables(target)},
             "activations": activations if scheme == "static" else "dynamic",
             "op_types": op_types or "all",
             "calibration": {

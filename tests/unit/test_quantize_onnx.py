@@ -11,9 +11,8 @@ from compress.export import SAMPLE_TEXTS, encode_batch, input_names
 from compress.export.onnx import export_onnx
 from compress.models import load_classifier
 from compress.quantize import predict_logits
-from compress.quantize.onnx import nodes_in_layers, quantize_onnx
+from compress.quantize.onnx import float_lookup_tables, nodes_in_layers, quantize_onnx
 from compress.targets import load_target
-from tests.helpers.onnx_graph import float_lookup_tables
 
 
 @pytest.fixture(scope="module")
@@ -154,7 +153,7 @@ def test_embedding_bits_4_stores_every_lookup_table_int4_in_blocks(tmp_path, flo
         embedding_bits=4,
         embedding_block=16,
     )
-    assert eight["quantization"]["embedding"] == {"bits": 8}
+    assert eight["quantization"]["embedding"] == {"bits": 8, "float_tables": []}
     stored = four["quantization"]["embedding"]
     assert stored["bits"] == 4 and stored["block_size"] == 16 and stored["tables"]
     tables = block_quantized_tables(tmp_path / "int4" / "model.onnx")
@@ -178,3 +177,25 @@ def test_embedding_bits_4_with_gather_left_float_is_an_error(tmp_path, float_dir
     with pytest.raises(ExportError, match="op_types leaves Gather float"):
         quantize_onnx(float_dir, tmp_path / "q", scheme="dynamic", op_types=["MatMul"], embedding_bits=4)
     assert not (tmp_path / "q").exists()
+
+
+def test_embedding_bits_4_leaves_an_excluded_lookup_float_and_says_so(tmp_path, float_dir):
+    graph = onnx.load(str(float_dir / "model.onnx")).graph
+    lookups = [
+        n
+        for n in graph.node
+        if n.op_type == "Gather" and n.input[0] in float_lookup_tables(float_dir / "model.onnx")
+    ]
+    kept = lookups[0]
+    manifest = quantize_onnx(
+        float_dir,
+        tmp_path / "q",
+        scheme="dynamic",
+        exclude_nodes=[kept.name],
+        embedding_bits=4,
+        embedding_block=16,
+    )
+    embedding = manifest["quantization"]["embedding"]
+    assert embedding["float_tables"] == [kept.input[0]]
+    assert kept.input[0] not in embedding["tables"] and len(embedding["tables"]) == len(lookups) - 1
+    assert float_lookup_tables(tmp_path / "q" / "model.onnx") == [kept.input[0]]

@@ -10,10 +10,10 @@ from compress.errors import ExportError, RecipeError
 from compress.export import Classifier
 from compress.io import read_json
 from compress.models import load_classifier
+from compress.quantize.onnx import float_lookup_tables
 from compress.quantize.search import candidate_counts, search_units
 from compress.stages.quantize import QuantizeConfig, check_scheme, schemes_by_target
 from compress.targets import TargetProfile
-from tests.helpers.onnx_graph import float_lookup_tables
 from tests.helpers.tiny import write_recipe
 
 
