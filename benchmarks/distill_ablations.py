@@ -244,6 +244,9 @@ def main() -> None:
         for name, spec in ABLATIONS:
             if args.only and name not in args.only:
                 continue
+            if spec.get("augment", {}).get("swap_pairs") and "text_pair" not in TASKS[task]:
+                logging.info("%s: %s skipped (a pair-task method; %s has one text)", task, name, task)
+                continue
             logging.info("%s: %s", task, name)
             rows.append(run_ablation(task, split, teacher, name, spec, args, teacher_dev))
             logging.info(

@@ -214,6 +214,29 @@ class RecipeBase(Strict):
                     )
         return self
 
+    @model_validator(mode="after")
+    def _stage_options_fit_the_task_and_targets(self) -> RecipeBase:
+        """Options that only work for a pair task or an ONNX target, checked before anything runs."""
+        for index, stage in enumerate(getattr(self, "stages", [])):
+            recovery = getattr(stage, "recovery", None)
+            for where, options in (
+                (f"stages[{index}].augment", getattr(stage, "augment", None)),
+                (f"stages[{index}].recovery.augment", getattr(recovery, "augment", None)),
+            ):
+                if getattr(options, "swap_pairs", False) and self.task.text_pair is None:
+                    raise ValueError(
+                        f"{where}.swap_pairs: the task has no second text to swap (task.text_pair is "
+                        "unset); remove swap_pairs"
+                    )
+            if getattr(stage, "embedding_bits", 8) == 4:
+                names = getattr(stage, "targets", None) or self.targets
+                if not any(self.target_profile(name).format == "onnx" for name in names):
+                    raise ValueError(
+                        f"stages[{index}].embedding_bits: 4 applies to ONNX targets, and this stage has "
+                        f"none ({', '.join(names) or 'no targets'}); use embedding_bits: 8"
+                    )
+        return self
+
     @field_validator("targets")
     @classmethod
     def _known_targets(cls, value: list[str]) -> list[str]:

@@ -194,3 +194,27 @@ def test_error_line_drops_any_discriminated_union_tag_and_takes_the_callers_word
     assert line == "h.yaml:7 items[1].size: must be > 0, got 0"
     own = validation_error_line("h.yaml", lines, caught.value, data, lambda err: f"{err['type']}; fix it")
     assert own == "h.yaml:7 items[1].size: greater_than; fix it"
+
+
+def test_pair_only_and_onnx_only_options_are_refused_at_load_before_anything_runs(tmp_path, reviews):
+    swap = "  - type: distill\n    augment: {multiplier: 0, swap_pairs: true}\n"
+    message = error_of(write(tmp_path, recipe_text(reviews, "", swap)))
+    assert "stages[0].augment.swap_pairs: the task has no second text" in message
+    recovery = (
+        "  - type: share\n    embedding_rank: 8\n    recovery: {augment: {multiplier: 1, swap_pairs: true}}\n"
+    )
+    assert "stages[0].recovery.augment.swap_pairs" in error_of(
+        write(tmp_path, recipe_text(reviews, "", recovery))
+    )
+    pair_task = recipe_text(reviews, "", swap).replace(
+        "task: {text: sentence, label: label}", "task: {text: sentence, text_pair: sentence, label: label}"
+    )
+    load_recipe(write(tmp_path, pair_task))
+
+    int4 = "  - type: quantize\n    embedding_bits: 4\n"
+    tflite_only = error_of(write(tmp_path, recipe_text(reviews, "targets: [raspberry-pi-4]\n", int4)))
+    assert (
+        "stages[0].embedding_bits: 4 applies to ONNX targets, and this stage has none (raspberry-pi-4)"
+        in (tflite_only)
+    )
+    load_recipe(write(tmp_path, recipe_text(reviews, "targets: [raspberry-pi-4, arm64-onnx]\n", int4)))
