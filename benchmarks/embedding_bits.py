@@ -7,7 +7,7 @@ run's held-out training rows (the only numbers a choice may use) and on dev (mea
 
     python benchmarks/embedding_bits.py --shared ../shared --task sst2 \\
         runs/benchmarks-headline/sst2 runs/benchmarks-seed1/sst2 runs/benchmarks-seed2/sst2 \\
-        --out benchmarks/results/headline-seeds/embedding_bits.json
+        --out benchmarks/results/headline-seeds/embedding_bits_sst2.json
 """
 
 from __future__ import annotations
@@ -43,10 +43,22 @@ def measure(folder: Path, split: tuple[list[str], list[str] | None, np.ndarray])
     return predict_logits(folder, split[0], split[1]).argmax(-1)
 
 
+def shown(path: Path) -> str:
+    """``path`` relative to the repository when it is inside it (results never carry a machine's paths)."""
+    repo = Path(__file__).resolve().parent.parent
+    try:
+        return str(path.resolve().relative_to(repo))
+    except ValueError:
+        return path.name if not path.is_absolute() else str(Path(*path.parts[-2:]))
+
+
 def compare(work: Path, task: str, dev: tuple, scratch: Path) -> dict:
     from compress.quantize.onnx import quantize_onnx
 
-    run = next((work / "runs").iterdir())
+    found = sorted(p for p in (work / "runs").iterdir() if p.is_dir())
+    if len(found) != 1:
+        raise SystemExit(f"{work / 'runs'}: expected one run folder, found {[p.name for p in found]}")
+    run = found[0]
     fp32 = run / "03-export" / "arm64-onnx-fp32"
     held = read_rows(work / "data" / "heldout.tsv", task)
     folders = {"fp32": fp32}
@@ -54,7 +66,7 @@ def compare(work: Path, task: str, dev: tuple, scratch: Path) -> dict:
         folders[f"int{bits}"] = scratch / f"{work.parent.name}-{task}-int{bits}"
         quantize_onnx(fp32, folders[f"int{bits}"], scheme="dynamic", per_channel=True, embedding_bits=bits)
     preds = {k: {"heldout": measure(f, held), "dev": measure(f, dev)} for k, f in folders.items()}
-    out = {"run": str(work), "rows": {"heldout": len(held[2]), "dev": len(dev[2])}}
+    out = {"run": shown(work), "rows": {"heldout": len(held[2]), "dev": len(dev[2])}}
     for name, folder in folders.items():
         entry = {"bytes": (folder / "model.onnx").stat().st_size}
         for split, gold in (("heldout", held[2]), ("dev", dev[2])):

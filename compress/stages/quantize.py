@@ -64,7 +64,8 @@ class QuantizeConfig(StageConfig):
     embedding_bits: Literal[8, 4] = 8
     """ONNX targets: 4 stores the embedding tables (what Gather reads) int4 in blocks of
     embedding_block values with a scale and zero point each (onnxruntime's GatherBlockQuantized),
-    half their int8 bytes; a lookup does no arithmetic, so it costs storage only. TFLite targets keep
+    about 0.64 of their int8 bytes at blocks of 32 (4 bits + a float32 scale and a 4-bit zero point per
+    block); a lookup does no arithmetic, so it costs storage only. TFLite targets keep
     int8 tables (their runtimes' embedding kernels have no int4 path checked here). Not with auto."""
     embedding_block: int = Field(32, ge=16, le=1024)
     """Values per int4 block of an embedding row (a power of two)."""
@@ -73,7 +74,7 @@ class QuantizeConfig(StageConfig):
     @classmethod
     def _power_of_two(cls, value: int) -> int:
         if value & (value - 1):
-            raise ValueError(f"embedding_block {value} is not a power of two; use 16, 32, 64 or 128")
+            raise ValueError(f"embedding_block {value} is not a power of two; use one from 16 to 1024")
         return value
 
 

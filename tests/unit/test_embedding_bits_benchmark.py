@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from benchmarks.embedding_bits import compare, read_rows
 from compress.export.onnx import export_onnx
 from compress.models import load_classifier
@@ -35,3 +37,8 @@ def test_compare_quantizes_one_export_both_ways_and_measures_each_split(tmp_path
     manifests = sorted((tmp_path / "scratch").glob("*/manifest.json"))
     names = [m.parent.name for m in manifests]
     assert names == ["benchmarks-headline-sst2-int4", "benchmarks-headline-sst2-int8"]
+    assert out["run"] == "benchmarks-headline/sst2"  # never the machine's absolute path
+
+    (work / "runs" / "another").mkdir()
+    with pytest.raises(SystemExit, match="expected one run folder, found"):
+        compare(work, "sst2", read_rows(tmp_path / "dev.tsv", "sst2"), tmp_path / "scratch2")
