@@ -49,13 +49,17 @@ HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 def origin(report: dict[str, Any] | None) -> str | None:
-    """The model the run started from: the first stage's input as its manifest records it (the recipe's
-    teacher), else the report's teacher. None when neither can be read."""
+    """The model the run started from: the recipe's Hub id when it named one (run.json's teacher_hub),
+    else the first stage's input as its manifest records it, else the report's teacher. None when none
+    can be read."""
     from compress.subjects import read_run_file, read_stage_manifest
 
     run = (report or {}).get("run")
     try:
-        stages = read_run_file(Path(run)).stages if isinstance(run, str) and run else []
+        run_file = read_run_file(Path(run)) if isinstance(run, str) and run else None
+        if run_file is not None and run_file.teacher_hub:
+            return run_file.teacher_hub
+        stages = run_file.stages if run_file is not None else []
         manifest = read_stage_manifest(Path(run) / stages[0].dir) if stages else None
     except CompressError:
         manifest = None

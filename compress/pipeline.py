@@ -283,6 +283,7 @@ def run_recipe(recipe: Any, out_dir: Path, *, fresh: bool = False, quiet: bool =
             "recipe_file": str(getattr(recipe, "_source", "")),
             "teacher_dir": str(teacher_dir),
             "teacher_load": recipe.teacher.load_options(),
+            "teacher_hub": recipe.teacher.hub,  # the Hub id a hub teacher came from (model cards' base_model)
             "stages": [{"index": o.index, "type": o.type, "dir": o.dir.name} for o in outcomes],
         }
         if not recipe.evaluate.enabled:

@@ -74,6 +74,8 @@ class RunFile(Versioned):
     teacher_dir: StrictStr | None = None
     teacher_load: TeacherLoad = Field(default_factory=lambda: TeacherLoad())
     """Loader flags; the two that weaken safety must be booleans, flags a newer compress adds are kept."""
+    teacher_hub: Annotated[StrictStr, Field(pattern=r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")] | None = None
+    """The recipe's ``teacher.hub`` id when the run's model came from the Hub (None otherwise)."""
     stages: list[StageEntry]
 
 

@@ -143,3 +143,20 @@ def test_a_folders_total_bytes_leave_out_the_model_card_written_after_it_was_mea
     before = total_bytes(tmp_path)
     (tmp_path / "README.md").write_text("---\nlicense: apache-2.0\n---\n# card\n", encoding="utf-8")
     assert before == 107 and total_bytes(tmp_path) == before
+
+
+def test_a_hub_teacher_named_in_run_json_is_the_cards_base_model(onnx_artifact, tiny_bert_dir, tmp_path):
+    """A hub teacher's folder is a cache snapshot path; the card takes the recipe's id from run.json."""
+    from compress.pipeline import RUN_SCHEMA
+
+    run, folder = run_with_report(tmp_path / "run", onnx_artifact, tiny_bert_dir)
+    report = read_json(run / "report.json")
+    report["run"] = str(run)
+    for hub, expected in ((None, None), ("someone/tiny-bert", "someone/tiny-bert")):
+        run_json = {"schema": RUN_SCHEMA, "recipe_file": "", "teacher_dir": str(tiny_bert_dir), "stages": []}
+        write_json_atomic(run / "run.json", {**run_json, "teacher_hub": hub})
+        write_artifact_cards(report)
+        assert card(folder)[0].get("base_model") == expected
+    write_json_atomic(run / "run.json", {**run_json, "teacher_hub": "../../etc"})
+    write_artifact_cards(report)  # an id that is no Hub id fails run.json's check: no base_model, no crash
+    assert "base_model" not in card(folder)[0]
