@@ -175,7 +175,7 @@ def augment_split(
     if options.swap_pairs and split.pairs is None:
         raise DataError(
             "distill.augment.swap_pairs: the task has no second text to swap (task.text_pair is unset); "
-            "remove swap_pairs or set multiplier >= 1"
+            "remove swap_pairs (and set multiplier >= 1 if it is 0)"
         )
     key = sha256_json([split.sha256, options.model_dump(), seed, teacher_sha])
     path = Path(cache_dir) / "distill" / f"augment-{key[:24]}.json"

@@ -22,8 +22,8 @@ LayerNorm scales and shape constants)."""
 
 _ONNX_FLOATS = {1: 4, 10: 2, 11: 8, 16: 2}  # FLOAT, FLOAT16, DOUBLE, BFLOAT16: bytes per element
 _TFLITE_FLOATS = {0: 4, 1: 2, 10: 8}  # FLOAT32, FLOAT16, FLOAT64
-_BLOCK_QUANTIZED = {"GatherBlockQuantized": 2, "MatMulNBits": 2}
-"""Block-quantized ops, and the input index from which their inputs are scales and zero points."""
+_BLOCK_QUANTIZED = {"GatherBlockQuantized": (2, 3)}
+"""Block-quantized ops compress writes, and the input indices of their scales and zero points."""
 
 
 def weight_fingerprints(module: Any) -> set[str]:
@@ -69,7 +69,7 @@ def onnx_float_constants(
         for name in node.input:
             readers.setdefault(name, []).append(node.name)
         if node.op_type in _BLOCK_QUANTIZED:
-            block_scales.update(node.input[_BLOCK_QUANTIZED[node.op_type] :])
+            block_scales.update(node.input[i] for i in _BLOCK_QUANTIZED[node.op_type] if i < len(node.input))
     found = {}
     for init in graph.initializer:
         size = math.prod(init.dims) * _ONNX_FLOATS.get(init.data_type, 0)
