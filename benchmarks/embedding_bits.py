@@ -13,7 +13,6 @@ run's held-out training rows (the only numbers a choice may use) and on dev (mea
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import sys
 from pathlib import Path
@@ -27,14 +26,12 @@ COLUMNS = {"sst2": ("sentence", None, "label"), "mrpc": ("#1 String", "#2 String
 
 
 def read_rows(path: Path, task: str) -> tuple[list[str], list[str] | None, np.ndarray]:
+    """Texts, second texts and gold label ids of a task's TSV, read by compress's own loader."""
+    from compress.data import load_file
+
     text, pair, label = COLUMNS[task]
-    with open(path, newline="", encoding="utf-8") as handle:
-        rows = list(csv.DictReader(handle, delimiter="\t", quoting=csv.QUOTE_NONE))
-    return (
-        [r[text] for r in rows],
-        [r[pair] for r in rows] if pair else None,
-        np.array([int(r[label]) for r in rows]),
-    )
+    split = load_file(path, text=text, text_pair=pair, label=label)
+    return split.texts, split.pairs, np.asarray(split.labels)
 
 
 def measure(folder: Path, split: tuple[list[str], list[str] | None, np.ndarray]) -> np.ndarray:

@@ -291,11 +291,6 @@ def run(ctx: StageContext) -> StageResult:
     schemes = schemes_by_target(config, [profile.name for profile in profiles])
     for profile in profiles:
         check_scheme(profile, config, schemes[profile.name])
-    if config.embedding_bits == 4 and not any(p.format == "onnx" for p in profiles):
-        raise RecipeError(
-            "quantize.embedding_bits: 4 applies to ONNX targets, and this stage has none "
-            f"({', '.join(p.name for p in profiles)}); use embedding_bits: 8"
-        )
     model, tokenizer = load_input_model(ctx)
     from compress.export import input_names
 
