@@ -154,6 +154,17 @@ class UnlabelledData(Strict):
     text_pair: str | None = None
 
 
+class QuantizationAwareOptions(Strict):
+    """Quantization-aware recovery (``compress.distill.qat``): after the float epochs, ``epochs`` more in
+    which every linear layer computes as dynamic int8 will (int8 weights per output channel, uint8
+    activations per sentence), starting from the best float epoch, with a fresh warm-up/decay schedule.
+    The best of these epochs, scored on the held-out eval rows as int8 computes them, is kept."""
+
+    epochs: int = Field(1, gt=0)
+    lr: float | None = Field(None, gt=0)
+    """Peak learning rate of these epochs (default: the loop's ``lr``)."""
+
+
 class DistillOptions(Strict):
     epochs: int = Field(3, gt=0)
     intermediate_epochs: int = Field(0, ge=0)
@@ -180,6 +191,8 @@ class DistillOptions(Strict):
     mlm: MlmOptions = Field(default_factory=MlmOptions)
     augment: AugmentOptions | None = None
     unlabelled: UnlabelledData | None = None
+    quantization_aware: QuantizationAwareOptions | None = None
+    """Extra epochs that train the student as int8 computes it (off by default)."""
 
     @model_validator(mode="after")
     def _two_steps(self) -> DistillOptions:

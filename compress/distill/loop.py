@@ -66,6 +66,10 @@ class BestKeeper:
         self.waited = 0
         self.step = 0
 
+    def restart(self) -> None:
+        """Choose among the epochs from here on only (their scores are not comparable with earlier ones)."""
+        self.score, self.waited = None, 0
+
     def offer(self, score: float) -> bool:
         """Record an epoch's eval score; True when it is the best so far."""
         if self.score is not None and score <= self.score:
@@ -113,7 +117,7 @@ class Loop:
         self.layers = any(term in INTERMEDIATE_TERMS for term in phase.terms)
         optimizer, self.schedule = optimizer_and_schedule(
             module,
-            lr=self.options.lr,
+            lr=phase.lr or self.options.lr,
             weight_decay=self.options.weight_decay,
             warmup_ratio=self.options.warmup_ratio,
             total_steps=phase.epochs * len(self.loader),

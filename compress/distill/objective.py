@@ -35,10 +35,15 @@ class Phase:
     terms: tuple[str, ...]
     selects: bool
     """Whether held-out accuracy picks the best epoch and counts patience here."""
+    int8: bool = False
+    """Quantization-aware epochs: the student computes as dynamic int8 will (``compress.distill.qat``)."""
+    lr: float | None = None
+    """This phase's peak learning rate (default: the loop's)."""
 
 
 def phases(options: DistillOptions) -> list[Phase]:
-    """Every term at once, or TinyBERT's two steps (intermediate layers first, then predictions).
+    """Every term at once, or TinyBERT's two steps (intermediate layers first, then predictions); then,
+    with ``quantization_aware``, the last step's terms again as int8 computes the student.
 
     In the intermediate step the classifier head receives no gradient, so its held-out accuracy says
     nothing about the student and no epoch of that step is kept as the best one.
@@ -50,11 +55,16 @@ def phases(options: DistillOptions) -> list[Phase]:
 
     n = options.intermediate_epochs
     if n == 0:
-        return [Phase("joint", options.epochs, active(PREDICTION_TERMS + INTERMEDIATE_TERMS), True)]
-    return [
-        Phase("intermediate", n, active(INTERMEDIATE_TERMS), False),
-        Phase("prediction", options.epochs - n, active(PREDICTION_TERMS), True),
-    ]
+        steps = [Phase("joint", options.epochs, active(PREDICTION_TERMS + INTERMEDIATE_TERMS), True)]
+    else:
+        steps = [
+            Phase("intermediate", n, active(INTERMEDIATE_TERMS), False),
+            Phase("prediction", options.epochs - n, active(PREDICTION_TERMS), True),
+        ]
+    qat = options.quantization_aware
+    if qat is not None:
+        steps.append(Phase("int8", qat.epochs, steps[-1].terms, True, int8=True, lr=qat.lr))
+    return steps
 
 
 @dataclass(frozen=True)

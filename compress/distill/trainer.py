@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from compress.distill.data import prepare_transfer
 from compress.distill.loop import BestKeeper, Loop, evaluate, mlm_batch, train_loader
 from compress.distill.losses import Masker
 from compress.distill.objective import DistillModule, phases
+from compress.distill.qat import fake_int8
 from compress.stage_context import StageContext
 from compress.training import set_seed
 
@@ -77,35 +79,52 @@ def distill_model(
     )
     curves: dict[str, list[float]] = {}
     history: list[dict[str, Any]] = []
-    two_steps = options.intermediate_epochs > 0
-    epoch, stopped = 0, False
-    for phase in phases(options):
-        if stopped:
-            break
-        loop.start(module, phase)
-        # attention maps need the eager kernels; a step that does not compare them keeps the faster ones
-        student.set_attn_implementation("eager" if "attention" in phase.terms else implementation)
-        for _ in range(phase.epochs):
-            epoch += 1
-            shown = f" (eval {history[-1][key]:.4f})" if history else ""
-            step = f" {phase.name}" if two_steps else ""
-            means = loop.epoch(f"distill {epoch}/{options.epochs}{step}{shown}")
-            for name, value in means.items():
-                curves.setdefault(name, []).append(round(value, 6))
-            scores = evaluate(student, data, options.eval_batch_size)
-            history.append({"epoch": epoch, **({"phase": phase.name} if two_steps else {}), **scores})
-            shown = ", ".join(f"{name} {value:.4f}" for name, value in scores.items())
-            log.info("distill epoch %d%s: loss %.4f eval %s", epoch, step, curves["total"][-1], shown)
-            if not phase.selects or best.offer(scores[key]):
-                continue
-            if options.patience is not None and best.waited >= options.patience:
-                stopped = True
+    steps = phases(options)
+    named = len(steps) > 1
+    total = sum(p.epochs for p in steps)
+    epoch, stopped, int8 = 0, False, False
+    with contextlib.ExitStack() as simulated:
+        for phase in steps:
+            if phase.int8:
+                # int8 epochs start from the best float epoch (early stopping does not skip them) and are
+                # chosen among themselves: their int8 scores are not comparable with float ones
+                student.load_state_dict(best.state)
+                best.restart()
+                stopped = False
+                int8 = True
+                layers = simulated.enter_context(fake_int8(student))
+                log.info(
+                    "distill: %d int8 epoch(s), %d layers computing as dynamic int8", phase.epochs, layers
+                )
+            if stopped:
                 break
+            loop.start(module, phase)
+            # attention maps need the eager kernels; a step that does not compare them keeps the faster ones
+            student.set_attn_implementation("eager" if "attention" in phase.terms else implementation)
+            for _ in range(phase.epochs):
+                epoch += 1
+                shown = f" (eval {history[-1][key]:.4f})" if history else ""
+                step = f" {phase.name}" if named else ""
+                means = loop.epoch(f"distill {epoch}/{total}{step}{shown}")
+                for name, value in means.items():
+                    curves.setdefault(name, []).append(round(value, 6))
+                scores = evaluate(student, data, options.eval_batch_size)
+                history.append({"epoch": epoch, **({"phase": phase.name} if named else {}), **scores})
+                shown = ", ".join(f"{name} {value:.4f}" for name, value in scores.items())
+                log.info("distill epoch %d%s: loss %.4f eval %s", epoch, step, curves["total"][-1], shown)
+                if not phase.selects or best.offer(scores[key]):
+                    continue
+                if options.patience is not None and best.waited >= options.patience:
+                    stopped = True
+                    break
     student.load_state_dict(best.state)
     student.set_attn_implementation(implementation)
     accelerator.wait_for_everyone()
-    # the intermediate step's epochs are never kept: their classifier head has not been trained yet
-    best_epoch = max((h for h in history if h.get("phase") != "intermediate"), key=lambda h: h[key])
+    # the intermediate step's epochs are never kept: their classifier head has not been trained yet;
+    # with int8 epochs, the kept epoch is the best of those
+    last = "int8" if int8 else None
+    kept = [h for h in history if h.get("phase") != "intermediate" and (last is None or h["phase"] == last)]
+    best_epoch = max(kept, key=lambda h: h[key])
     metrics = {
         "accuracy": best_epoch.get("accuracy"),
         "agreement": best_epoch["agreement"],
@@ -118,7 +137,9 @@ def distill_model(
         "processes": accelerator.num_processes,
         "train_seconds": round(time.time() - start, 2),
     }
-    if two_steps:
+    if options.intermediate_epochs:
         metrics["intermediate_epochs"] = options.intermediate_epochs
+    if int8:
+        metrics["int8_epochs"] = sum(1 for h in history if h["phase"] == "int8")
     info = {"layer_map": [list(p) for p in pairs], **data.info}
     return DistillOutcome(metrics, info, accelerator.is_main_process)

@@ -159,3 +159,18 @@ def test_non_finite_loss_names_the_step_and_keeps_the_last_good_checkpoint(tmp_p
         run(tmp_path, teacher)
     folder = Path(err.value.args[0].rsplit("last good checkpoint: ", 1)[1])
     assert load_classifier(folder)[0].config.num_hidden_layers == 1
+
+
+def test_int8_epochs_start_from_the_best_float_epoch_and_keep_their_own_best(tmp_path, teacher, caplog):
+    caplog.set_level(logging.INFO, logger="compress")
+    result = stage(tmp_path, teacher, epochs=2, extra="    quantization_aware: {epochs: 2, lr: 1.0e-3}\n")
+    metrics = result.metrics
+    phases = [h["phase"] for h in metrics["eval_curve"]]
+    assert phases == ["joint", "joint", "int8", "int8"]
+    assert metrics["int8_epochs"] == 2 and metrics["epochs_run"] == 4
+    assert metrics["best_epoch"] in (3, 4)  # chosen among the int8 epochs, on their int8 scores
+    best = metrics["eval_curve"][metrics["best_epoch"] - 1]
+    assert metrics["agreement"] == best["agreement"]
+    assert any("layers computing as dynamic int8" in r.getMessage() for r in caplog.records)
+    student, _ = load_classifier(tmp_path / "work" / "out")  # the saved student is a plain float model
+    assert not any("forward" in vars(m) for m in student.modules())
