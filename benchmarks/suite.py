@@ -88,7 +88,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="extra override for every recipe (repeatable)",
+        help="extra override for every recipe (repeatable); TASK:KEY=VALUE (e.g. mrpc:seed=1) for one task's",
     )
     p.add_argument("--latency-samples", type=int, help="batch-1 requests timed (default: every dev row once)")
     p.add_argument(
@@ -176,7 +176,21 @@ def recipe_overrides(
             sets.append(f"stages.{i}.epochs={args.epochs}")
         elif stage["type"] == "share" and stage.get("recovery") is not None and args.recovery_epochs:
             sets.append(f"stages.{i}.recovery.epochs={args.recovery_epochs}")
-    return sets + args.overrides
+    return sets + task_overrides(args.overrides, task.name)
+
+
+def task_overrides(overrides: list[str], task: str) -> list[str]:
+    """The ``--set`` overrides for ``task``: every plain ``KEY=VALUE`` and each ``TASK:KEY=VALUE`` of it
+    (a pair-only option such as ``augment.swap_pairs`` goes to MRPC only)."""
+    chosen = []
+    for text in overrides:
+        head, colon, rest = text.partition(":")
+        if colon and head in COLUMNS and "=" not in head:
+            if head == task:
+                chosen.append(rest)
+        else:
+            chosen.append(text)
+    return chosen
 
 
 def peer_rows(

@@ -71,13 +71,15 @@ def test_benchmark_recipes_load_with_the_suite_overrides(tmp_path: Path, tiny_be
         train_limit=None,
         epochs=1,
         recovery_epochs=2,
-        overrides=[],
+        # plain overrides go to every task, TASK:KEY=VALUE to that task only
+        overrides=["mrpc:seed=7", "sst2:seed=5", "evaluate.warmup=4"],
     )
     path = REPO / "benchmarks" / "recipes" / recipe
     sets = suite.recipe_overrides(t, path, data / "train.tsv", data / "heldout.tsv", ["l0", "l1"], args)
     loaded = load_recipe(path, sets)
     assert (loaded.task.text, loaded.task.text_pair, loaded.task.label) == (text, pair, label)
     assert loaded.name == f"{task}-{path.stem}" and loaded.data.test.limit == 5
+    assert (loaded.seed, loaded.evaluate.warmup) == ({"mrpc": 7, "sst2": 5}[task], 4)
     types = [s.type for s in loaded.stages]
     assert [s.epochs for s in loaded.stages if s.type == "distill"] == ([1] if "distill" in types else [])
     assert [s.recovery.epochs for s in loaded.stages if s.type == "share"] == (
