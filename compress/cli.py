@@ -96,7 +96,7 @@ def run(obj: dict | None, recipe: Path, overrides: tuple[str, ...], out: Path, f
     from compress.summary import summary_table
 
     loaded = load_recipe(recipe, overrides)
-    result = run_recipe(loaded, out, fresh=fresh, quiet=not (obj or {}).get("verbose"))
+    result = run_recipe(loaded, out, fresh=fresh, quiet=not (obj or {}).get("verbose"), overrides=overrides)
     click.echo(summary_table(result))
     failed = [gate for gate in (result.report or {}).get("gates", []) if gate["verdict"] == "fail"]
     if failed:

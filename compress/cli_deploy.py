@@ -46,8 +46,8 @@ def bundle_cmd(run: Path, target: str, out: Path | None, app_kit: bool | None) -
 def recipe_min_agreement(run_dir: Path) -> float | None:
     """1 - the run's quantize ``tolerable_loss``: the share of labels int8 may change is the share
     that may differ on another instruction set. The value each quantize stage ran with (its manifest's
-    ``info.tolerable_loss``; the smallest) comes first, the recipe file's only when no stage recorded
-    one. None when there is no quantize stage."""
+    ``info.tolerable_loss``; the smallest) comes first, the recipe's (from the run's plan.json) only when
+    no stage recorded one. None when there is no quantize stage."""
     from compress.subjects import REDO_RUN, read_run_file, read_stage_manifest, recipe_of_run
 
     recorded = []
@@ -83,7 +83,7 @@ def _texts(run_dir: Path | None, data: Path | None) -> tuple[list[str], list[str
     from compress.data import load_recipe_split
     from compress.subjects import recipe_of_run
 
-    split = load_recipe_split(recipe_of_run(run_dir), "eval")
+    split = load_recipe_split(recipe_of_run(run_dir, data=True), "eval")
     return split.texts, split.pairs, f"{run_dir} eval split ({split.source})"
 
 

@@ -1,5 +1,8 @@
 """Orchestration only: run a recipe's stages in order into run folders, reusing finished ones.
 
+``runs/<recipe>/plan.json`` records, before the first stage, everything the run is made from (the
+recipe as resolved, its ``--set`` overrides, the teacher, target profiles and data files with their
+hashes), so later commands read the run folder alone (``compress.subjects.recipe_of_run``).
 ``runs/<recipe>/<NN>-<stage>/`` holds each stage's output plus ``manifest.json``. A stage's hash
 covers its config, the task, the data and everything upstream; a folder whose manifest has the
 same hash is reused. Each stage writes into a temporary folder renamed into place when it
@@ -14,7 +17,7 @@ import os
 import platform
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from importlib import metadata
@@ -24,11 +27,12 @@ from typing import Any
 from filelock import FileLock, Timeout
 
 from compress.errors import CompressError, RunLockedError
-from compress.io import atomic_dir, file_entries, read_json, sha256_json, write_json_atomic
+from compress.io import atomic_dir, file_entries, read_json, sha256_file, sha256_json, write_json_atomic
 from compress.models import folder_weights_sha, resolve_teacher
-from compress.recipe_base import recipe_dir
+from compress.recipe_base import recipe_dir, resolve_path
 from compress.stage_context import FinishedStage, StageContext
 from compress.stages import STAGES
+from compress.subjects import PLAN_FILE, PlanFile, recipe_of_plan, run_relative
 
 log = logging.getLogger(__name__)
 
@@ -140,9 +144,6 @@ def finished_manifest(folder: Path, config_hash: str) -> dict[str, Any] | None:
 
 def data_identity(recipe: Any) -> dict[str, Any]:
     """Hashes of the data sources (file contents for local files), so edited data reruns stages."""
-    from compress.io import sha256_file
-    from compress.recipe_base import resolve_path
-
     out: dict[str, Any] = {}
     for name in ("train", "eval", "test"):
         source = getattr(recipe.data, name)
@@ -153,6 +154,69 @@ def data_identity(recipe: Any) -> dict[str, Any]:
             spec["path"] = sha256_file(resolve_path(recipe, source.path))
         out[name] = spec
     return out
+
+
+def stage_dir_name(index: int, stage_type: str) -> str:
+    return f"{index:02d}-{stage_type}"
+
+
+def resolved_recipe(recipe: Any) -> dict[str, Any]:
+    """The recipe as data with every default filled in and the paths a later command reads (data,
+    a local teacher, a baseline report) resolved, so it means the same from any folder."""
+    dump = recipe.model_dump(mode="json")
+
+    def resolve(section: dict[str, Any] | None, key: str) -> None:
+        if section and section.get(key):
+            section[key] = str(resolve_path(recipe, section[key]).resolve())
+
+    for split in ("train", "eval", "test"):
+        resolve(dump["data"].get(split), "path")
+    resolve(dump["teacher"], "path")
+    resolve((dump.get("gates") or {}).get("baseline"), "report")
+    return dump
+
+
+def make_plan(
+    recipe: Any, overrides: Sequence[str], run_dir: Path, teacher_dir: Path, teacher_sha: str
+) -> PlanFile:
+    """What the run is made from, resolved: written to plan.json before the first stage runs."""
+    from compress.targets import targets_dir
+
+    teacher = recipe.teacher
+    source = "path" if teacher.path else "package" if teacher.package else "hub"
+    teacher_id = str(teacher_dir.resolve()) if source == "path" else teacher.package or teacher.hub
+    source_file = getattr(recipe, "_source", None)
+    data = {}
+    for split in ("train", "eval", "test"):
+        spec = getattr(recipe.data, split)
+        if spec is not None and spec.path:
+            path = resolve_path(recipe, spec.path).resolve()
+            data[split] = {"path": str(path), "sha256": sha256_file(path)}
+    return PlanFile.model_validate(
+        {
+            "schema": f"{PlanFile.family}/1",
+            "recipe": resolved_recipe(recipe),
+            "recipe_file": str(source_file or ""),
+            "base_dir": str(recipe_dir(recipe).resolve()),
+            "overrides": list(overrides),
+            "teacher": {
+                "source": source,
+                "id": teacher_id,
+                "revision": teacher.revision,
+                "dir": run_relative(run_dir, teacher_dir),
+                "sha256": teacher_sha,
+            },
+            "targets": {
+                name: {"file": str(targets_dir() / f"{name}.yaml"), "profile": recipe.target_profile(name)}
+                for name in recipe.targets
+            },
+            "data": data,
+            "stages": [
+                {"index": i, "type": c.type, "dir": stage_dir_name(i, c.type)}
+                for i, c in enumerate(recipe.stages, 1)
+            ],
+        }
+    )
 
 
 def stage_hash(config: Any, upstream: str, recipe: Any, data: dict[str, Any]) -> str:
@@ -197,9 +261,17 @@ def _run_stage(
     return manifest
 
 
-def run_recipe(recipe: Any, out_dir: Path, *, fresh: bool = False, quiet: bool = False) -> RunResult:
+def run_recipe(
+    recipe: Any,
+    out_dir: Path,
+    *,
+    fresh: bool = False,
+    quiet: bool = False,
+    overrides: Sequence[str] = (),
+) -> RunResult:
     """Run every stage of ``recipe`` into ``out_dir/<name>``, then evaluate and report.
 
+    ``overrides``: the ``--set`` overrides already applied to ``recipe``, recorded in plan.json as given.
     ``quiet``: what other libraries print (warnings, logs, converters' C++ output) goes to
     ``run.log`` in the run folder instead of the terminal, which keeps compress's lines and bars.
     """
@@ -218,16 +290,18 @@ def run_recipe(recipe: Any, out_dir: Path, *, fresh: bool = False, quiet: bool =
     run_dir = (out_dir / recipe.name).resolve()
     with run_lock(run_dir), _third_party_output(run_dir / RUN_LOG, quiet):
         _remove_stale(run_dir)
-        upstream = sha256_json(
-            {"teacher": folder_weights_sha(teacher_dir), "trust": recipe.teacher.trust_remote_code}
-        )
+        teacher_sha = folder_weights_sha(teacher_dir)
+        upstream = sha256_json({"teacher": teacher_sha, "trust": recipe.teacher.trust_remote_code})
+        plan = make_plan(recipe, overrides, run_dir, teacher_dir, teacher_sha)
+        recipe_of_plan(run_dir, plan)  # what later commands rebuild must validate now, not after training
+        write_json_atomic(run_dir / PLAN_FILE, plan.model_dump(mode="json", by_alias=True))
         data = data_identity(recipe)
         input_dir, previous, outcomes = teacher_dir, [], []
         cache_dir = run_dir / ".cache"
         total = len(recipe.stages)
         for index, config in enumerate(recipe.stages, 1):
             spec = STAGES[config.type]
-            folder = run_dir / f"{index:02d}-{config.type}"
+            folder = run_dir / stage_dir_name(index, config.type)
             config_hash = stage_hash(config, upstream, recipe, data)
             manifest = None if fresh else finished_manifest(folder, config_hash)
             reused = manifest is not None
@@ -255,8 +329,8 @@ def run_recipe(recipe: Any, out_dir: Path, *, fresh: bool = False, quiet: bool =
                     config_hash,
                     {
                         "upstream": upstream,
-                        "input_dir": str(input_dir),
-                        "teacher_dir": str(teacher_dir),
+                        "input_dir": run_relative(run_dir, input_dir),
+                        "teacher_dir": run_relative(run_dir, teacher_dir),
                         "data": data,
                     },
                 )
@@ -281,15 +355,18 @@ def run_recipe(recipe: Any, out_dir: Path, *, fresh: bool = False, quiet: bool =
             "schema": RUN_SCHEMA,
             "recipe": recipe.name,
             "recipe_file": str(getattr(recipe, "_source", "")),
-            "teacher_dir": str(teacher_dir),
+            "teacher_dir": run_relative(run_dir, teacher_dir),
             "teacher_load": recipe.teacher.load_options(),
             "teacher_hub": recipe.teacher.hub,  # the Hub id a hub teacher came from (model cards' base_model)
             "stages": [{"index": o.index, "type": o.type, "dir": o.dir.name} for o in outcomes],
+            "plan_sha256": sha256_file(run_dir / PLAN_FILE),
         }
+        reported = _read_json_or_empty(run_dir / "run.json").get("report_hash")
+        # the report reads the run back from run.json and plan.json, as `compress report` does
+        write_json_atomic(run_dir / "run.json", run_manifest)
         if not recipe.evaluate.enabled:
-            write_json_atomic(run_dir / "run.json", run_manifest)
             return RunResult(run_dir, outcomes)
-        report, report_hash = _report(run_dir, recipe, upstream, fresh)
+        report, report_hash = _report(run_dir, recipe, upstream, fresh, reported)
         write_json_atomic(run_dir / "run.json", {**run_manifest, "report_hash": report_hash})
         return RunResult(run_dir, outcomes, report)
 
@@ -306,7 +383,9 @@ def _third_party_output(log_path: Path, quiet: bool) -> Iterator[None]:
         yield
 
 
-def _report(run_dir: Path, recipe: Any, upstream: str, fresh: bool) -> tuple[dict[str, Any], str]:
+def _report(
+    run_dir: Path, recipe: Any, upstream: str, fresh: bool, reported: str | None
+) -> tuple[dict[str, Any], str]:
     """Evaluate every artifact against the teacher and judge the gates; reused when nothing changed.
 
     The hash covers the last stage (and so everything upstream), the evaluation settings, the
@@ -322,8 +401,7 @@ def _report(run_dir: Path, recipe: Any, upstream: str, fresh: bool) -> tuple[dic
             "data": data_identity(recipe),
         }
     )
-    previous = _read_json_or_empty(run_dir / "run.json")
-    if not fresh and previous.get("report_hash") == report_hash and (run_dir / "report.json").is_file():
+    if not fresh and reported == report_hash and (run_dir / "report.json").is_file():
         log.info("report: reused %s", run_dir / "report.json")
         report = load_report(run_dir / "report.json")
         apply_gates(report)

@@ -33,7 +33,8 @@ def _gates_config(recipe: Any) -> dict[str, Any] | None:
 
 
 def evaluate_run(run_dir: str | Path, recipe: Any) -> dict[str, Any]:
-    """Evaluate the run's teacher, checkpoints and artifacts on the recipe's final split."""
+    """Evaluate the run's teacher, checkpoints and artifacts (as its run.json and plan.json list them)
+    on the recipe's final split."""
     from compress import __version__
     from compress.data import load_recipe_split
     from compress.evaluate import Settings, evaluate_subjects
@@ -42,7 +43,7 @@ def evaluate_run(run_dir: str | Path, recipe: Any) -> dict[str, Any]:
     run_dir = Path(run_dir).resolve()
     split_name = recipe.evaluate.split or ("test" if recipe.data.test is not None else "eval")
     split = load_recipe_split(recipe, split_name)
-    evaluation = evaluate_subjects(run_subjects(run_dir, recipe), split, Settings.from_recipe(recipe))
+    evaluation = evaluate_subjects(run_subjects(run_dir), split, Settings.from_recipe(recipe))
     return {
         "schema": SCHEMA,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -159,6 +160,21 @@ def merge_device_results(report: dict[str, Any], path: str | Path) -> None:
     report["device_results"] = kept + rows
 
 
+def moved_since(report: dict[str, Any], run_dir: Path) -> None:
+    """Point a report read from a run folder that was moved since it was written at the folder it is in
+    now: its ``run`` and each entry's ``path`` inside the old folder (so model cards go to the right
+    place). Paths outside the run (a recipe teacher) stay."""
+    old, new = report.get("run"), run_dir.resolve()
+    if not isinstance(old, str) or not old or Path(old) == new:
+        return
+    report["run"] = str(new)
+    entries = [report.get("teacher"), *report.get("checkpoints", []), *report.get("artifacts", [])]
+    for entry in entries:
+        path = entry.get("path") if isinstance(entry, dict) else None
+        if isinstance(path, str) and Path(path).is_relative_to(old):
+            entry["path"] = str(new / Path(path).relative_to(old))
+
+
 def regenerate(run_dir: str | Path, device_results: str | Path | None = None) -> dict[str, Any]:
     """Rewrite a run's report files, merging device results; evaluate only if there is no report.json."""
     from compress.io import require_path
@@ -169,10 +185,11 @@ def regenerate(run_dir: str | Path, device_results: str | Path | None = None) ->
     report_path = run_dir / "report.json"
     if report_path.exists() or report_path.is_symlink():
         report = load_report(report_path, shown=True)
+        moved_since(report, run_dir)
     else:
         from compress.subjects import recipe_of_run
 
-        report = evaluate_run(run_dir, recipe_of_run(run_dir))
+        report = evaluate_run(run_dir, recipe_of_run(run_dir, data=True))
     if device_results is not None:
         merge_device_results(report, device_results)
     apply_gates(report)

@@ -1,10 +1,13 @@
 """What to evaluate: the models stored in a folder or a run, found by reading manifests, never by guessing.
 
 An artifact folder says what it is in its manifest (``kind: artifact``); a stage folder says what it
-produced (``produces: model|artifacts``); a run says which stage folders belong to it (run.json).
+produced (``produces: model|artifacts``); a run says which stage folders belong to it (run.json) and
+what it was made from (plan.json: the recipe as it ran, with its overrides, teacher, targets and
+data files), so every command after ``compress run`` reads the run folder and never the recipe file.
 Each of those files is read through a typed schema below: keys compress needs are checked, keys a
 newer compress adds are kept (additions keep a schema's version), and a path in a manifest must
-stay inside its folder.
+stay inside its folder. Paths inside the run folder are stored relative to it, so a moved run
+folder still reads; paths outside it (data, a local teacher) are stored resolved, with a hash.
 """
 
 from __future__ import annotations
@@ -18,14 +21,17 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import AfterValidator, Field, StrictBool, StrictStr, field_validator
 
 from compress.config import Open
-from compress.errors import CompressError, ModelError
+from compress.errors import BadFile, CompressError, DataError, ModelError
 from compress.io import read_json, read_model
+from compress.targets import TargetProfile
 
 log = logging.getLogger(__name__)
 
 Role = Literal["teacher", "checkpoint", "artifact"]
 REDO_RUN = "run `compress run RECIPE --fresh` to write the run again"
 REDO_ARTIFACT = "export the artifact again (compress run RECIPE --fresh)"
+PLAN_FILE = "plan.json"
+REDO_PLAN = "run `compress run RECIPE` again to write the run's plan"
 
 
 def inside_folder(rel: str) -> str:
@@ -37,6 +43,27 @@ def inside_folder(rel: str) -> str:
 
 
 SafePath = Annotated[StrictStr, AfterValidator(inside_folder)]
+Sha256 = Annotated[StrictStr, Field(pattern=r"^[0-9a-f]{64}$")]
+
+
+def run_relative(run_dir: Path, path: Path) -> str:
+    """How a run file stores ``path``: relative (POSIX) when inside the run folder, else resolved."""
+    resolved = Path(path).resolve()
+    inside = resolved.is_relative_to(run_dir.resolve()) and resolved != run_dir.resolve()
+    return resolved.relative_to(run_dir.resolve()).as_posix() if inside else str(resolved)
+
+
+def _absolute_or_inside(stored: str) -> str:
+    return stored if Path(stored).is_absolute() else inside_folder(stored)
+
+
+RunPath = Annotated[StrictStr, AfterValidator(_absolute_or_inside)]
+"""A path a run file stores (``run_relative``): absolute, or relative inside the run folder."""
+
+
+def in_run(run_dir: Path, stored: str) -> Path:
+    """A ``RunPath`` as a path: absolute as is, relative from the run folder."""
+    return Path(stored) if Path(stored).is_absolute() else run_dir / stored
 
 
 class Versioned(Open):
@@ -67,11 +94,14 @@ class TeacherLoad(Open):
 
 
 class RunFile(Versioned):
-    """run.json: which stage folders belong to the run and where its teacher and recipe are."""
+    """run.json: which stage folders belong to the run, where its teacher is (relative to the run
+    folder for a finetuned teacher) and the sha256 of the plan it ran (None: an older compress)."""
 
     family = "compress.run"
     recipe_file: StrictStr = ""
-    teacher_dir: StrictStr | None = None
+    """Where the recipe was read from; only a run without a plan (an older compress) reads it."""
+    teacher_dir: RunPath | None = None
+    plan_sha256: Sha256 | None = None
     teacher_load: TeacherLoad = Field(default_factory=lambda: TeacherLoad())
     """Loader flags; the two that weaken safety must be booleans, flags a newer compress adds are kept."""
     teacher_hub: Annotated[StrictStr, Field(pattern=r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")] | None = None
@@ -88,9 +118,56 @@ class StageManifest(Versioned):
     """model or artifacts; a kind a newer compress adds is skipped here, as before."""
 
 
+class InputFile(Open):
+    """A file outside the run folder that the run read: where it was (resolved) and its sha256."""
+
+    path: StrictStr
+    sha256: Sha256
+
+
+class PlannedTeacher(Open):
+    """The teacher the run started from: how the recipe named it, the folder that held it, its hash."""
+
+    source: Literal["path", "hub", "package"]
+    id: StrictStr
+    """The resolved local folder, the Hub id or the ``pkg/sub/dir`` package spec."""
+    revision: StrictStr | None = None
+    dir: RunPath
+    """Its files' folder when the run started (``run_relative``): a Hub teacher's is a cache snapshot."""
+    sha256: Sha256
+    """``compress.models.folder_weights_sha`` of that folder: weights, config and tokenizer."""
+
+
+class PlannedTarget(Open):
+    file: StrictStr
+    """The profile file it was read from (information: the profile below is what the run used)."""
+    profile: TargetProfile
+    """With the recipe's ``target_options`` applied."""
+
+
+class PlanFile(Versioned):
+    """plan.json, written by ``compress run`` before its first stage: everything the run was made from."""
+
+    family = "compress.plan"
+    recipe: dict[str, Any]
+    """The validated recipe after ``--set`` overrides, every default filled in, data, teacher and
+    baseline paths resolved; validated again as a recipe when a command rebuilds it."""
+    recipe_file: StrictStr
+    """Where the recipe was read from (information only: no command reads it after the run)."""
+    base_dir: StrictStr
+    """The folder the recipe's other relative paths (a stage's extra data) resolve against."""
+    overrides: list[StrictStr] = Field(default_factory=list)
+    """The ``--set KEY=VALUE`` overrides as given, already applied to ``recipe``."""
+    teacher: PlannedTeacher
+    targets: dict[StrictStr, PlannedTarget] = Field(default_factory=dict)
+    data: dict[Literal["train", "eval", "test"], InputFile] = Field(default_factory=dict)
+    """The local data files (a Hub split is named in ``recipe`` only)."""
+    stages: list[StageEntry]
+
+
 class FileEntry(Open):
     path: SafePath
-    sha256: Annotated[StrictStr, Field(pattern=r"^[0-9a-f]{64}$")]
+    sha256: Sha256
     bytes: Annotated[int, Field(ge=0)] | None = None
 
 
@@ -217,35 +294,66 @@ def subject_at(path: str | Path, *, teacher: bool = False, name: str | None = No
     raise ModelError(f"{folder}: not {what}; point at one of them")
 
 
-def _stage_folders(run_dir: Path, recipe: Any | None) -> list[tuple[str, Path]]:
-    if recipe is not None:
-        return [(s.type, run_dir / f"{i:02d}-{s.type}") for i, s in enumerate(recipe.stages, 1)]
-    return [(s.type, run_dir / s.dir) for s in read_run_file(run_dir).stages]
+def read_plan(run_dir: Path) -> PlanFile | None:
+    """The plan of the run's finished ``compress run``, checked against the sha256 run.json records;
+    None for a run that an older compress made (no ``plan_sha256`` in run.json)."""
+    from compress.io import sha256_file
+
+    recorded = read_run_file(run_dir).plan_sha256
+    if recorded is None:
+        return None
+    path = run_dir / PLAN_FILE
+    if not present(path):
+        raise BadFile(f"{path}: missing, but run.json says the run wrote one; {REDO_PLAN}")
+    plan = read_model(path, PlanFile, redo=REDO_PLAN)
+    if sha256_file(path) != recorded:
+        raise BadFile(
+            f"{path}: changed since the run wrote it (its sha256 is not run.json's plan_sha256), or a "
+            f"later `compress run` into this folder did not finish; {REDO_PLAN}"
+        )
+    return plan
 
 
-def _recipe_teacher(run_dir: Path, recipe: Any | None) -> Path:
-    if recipe is None:
+def _stage_folders(run_dir: Path, plan: PlanFile | None = None) -> list[tuple[str, Path]]:
+    stages = plan.stages if plan is not None else read_run_file(run_dir).stages
+    return [(s.type, in_run(run_dir, s.dir)) for s in stages]
+
+
+def _run_teacher(run_dir: Path, plan: PlanFile | None) -> Path:
+    """The teacher a run started from: the plan's, checked to be the folder the run hashed; an older
+    run's from run.json (relative to the run folder, or absolute)."""
+    if plan is None:
         teacher = read_run_file(run_dir).teacher_dir
         if not teacher:
             raise CompressError(f"{run_dir / 'run.json'}: no teacher_dir; {REDO_RUN}")
-        return Path(teacher)
-    from compress.models import resolve_teacher
-    from compress.recipe_base import recipe_dir
+        return in_run(run_dir, teacher)
+    from compress.models import folder_weights_sha
 
-    return resolve_teacher(recipe.teacher, recipe_dir(recipe))
+    planned = plan.teacher
+    folder = in_run(run_dir, planned.dir)
+    where = f"{run_dir / PLAN_FILE}: teacher {planned.id}"
+    if not folder.is_dir():
+        raise ModelError(f"{where}: its folder {folder} is gone; put it back there or {REDO_PLAN}")
+    if folder_weights_sha(folder) != planned.sha256:
+        raise ModelError(
+            f"{where}: {folder} changed since the run (weights, config or tokenizer sha256 differs); "
+            f"restore the teacher the run used or {REDO_PLAN}"
+        )
+    return folder
 
 
-def run_subjects(run_dir: str | Path, recipe: Any | None = None) -> list[Subject]:
+def run_subjects(run_dir: str | Path) -> list[Subject]:
     """The teacher, each checkpoint a stage produced and every artifact of a run, in stage order.
 
-    Stage folders come from the recipe (or the run's run.json), so a folder left over from an
+    Stage folders come from the run's plan (or an older run's run.json), so a folder left over from an
     older version of the recipe is never reported as part of this run.
     """
     from compress.stages import STAGES
 
     run_dir = Path(run_dir)
+    plan = read_plan(run_dir)
     teacher, found = None, []
-    for stage_type, folder in _stage_folders(run_dir, recipe):
+    for stage_type, folder in _stage_folders(run_dir, plan):
         manifest = read_stage_manifest(folder)
         if manifest is None or manifest.complete is not True:
             log.warning("%s: stage not finished; skipped", folder)
@@ -259,30 +367,92 @@ def run_subjects(run_dir: str | Path, recipe: Any | None = None) -> list[Subject
             found += [subject_at(sub) for sub in sorted(folder.iterdir()) if is_artifact_folder(sub)]
     if teacher is not None:
         return [subject_at(teacher, teacher=True, name="teacher"), *found]
-    subject = subject_at(_recipe_teacher(run_dir, recipe), teacher=True, name="teacher")
-    return [replace(subject, **_teacher_load_options(run_dir, recipe)), *found]
+    subject = subject_at(_run_teacher(run_dir, plan), teacher=True, name="teacher")
+    return [replace(subject, **_teacher_load_options(run_dir, plan)), *found]
 
 
-def _teacher_load_options(run_dir: Path, recipe: Any | None) -> dict[str, bool]:
-    """What the recipe allows when loading its own teacher (pickle weights, remote code)."""
-    if recipe is None:  # recorded in run.json by the run; an older run loads with the safe defaults
-        if not present(run_dir / "run.json"):
-            return {}
-        options = read_run_file(run_dir).teacher_load
-        flags = {"allow_pickle": options.allow_pickle, "trust_remote_code": options.trust_remote_code}
-        return {k: v for k, v in flags.items() if v is not None}
-    return recipe.teacher.load_options()
+def _teacher_load_options(run_dir: Path, plan: PlanFile | None) -> dict[str, bool]:
+    """What the recipe allows when loading its own teacher (pickle weights, remote code): the plan's
+    recipe says; an older run recorded it in run.json, and one older still loads with the safe defaults."""
+    if plan is not None:
+        teacher = plan.recipe.get("teacher")
+        flags = teacher if isinstance(teacher, dict) else {}
+    elif present(run_dir / "run.json"):
+        flags = read_run_file(run_dir).teacher_load.model_dump()
+    else:
+        return {}
+    return {k: flags[k] for k in ("allow_pickle", "trust_remote_code") if isinstance(flags.get(k), bool)}
 
 
 def is_run(path: str | Path) -> bool:
     return present(Path(path) / "run.json")
 
 
-def recipe_of_run(run_dir: str | Path) -> Any:
-    """The recipe a run was made from (run.json records its file)."""
+def recipe_of_plan(run_dir: Path, plan: PlanFile) -> Any:
+    """The recipe a plan records, validated as a recipe again, with the target profiles the run used.
+
+    Relative paths a stage reads (extra data) resolve against the recipe's folder as in the run."""
+    from pydantic import ValidationError
+
+    from compress.io import schema_error_line
+    from compress.recipe import recipe_model
+
+    where = run_dir / PLAN_FILE
+    try:
+        recipe = recipe_model().model_validate(plan.recipe)
+    except ValidationError as exc:
+        raise BadFile(schema_error_line(f"{where}: recipe", exc, REDO_PLAN)) from None
+    # recipe_dir() is the folder of ``_source``: the plan's base_dir, whatever the file was called
+    recipe._source = Path(plan.base_dir) / (Path(plan.recipe_file).name or "recipe")
+    if sorted(recipe.targets) != sorted(plan.targets):
+        raise BadFile(
+            f"{where}: targets {sorted(plan.targets)} are not the recipe's {recipe.targets}; {REDO_PLAN}"
+        )
+    for name, planned in plan.targets.items():
+        if recipe.target_profile(name) != planned.profile:
+            raise BadFile(
+                f"{where}: target profile {name} ({planned.file}) changed since the run; restore the "
+                f"profile the run used or {REDO_PLAN}"
+            )
+    return recipe
+
+
+def check_planned_data(run_dir: Path, plan: PlanFile) -> None:
+    """Each local data file the run read is still there with the content it had (sha256)."""
+    from compress.io import require_regular_file, sha256_file
+
+    for split, entry in plan.data.items():
+        path = Path(entry.path)
+        fix = f"put the {split} file the run used back there or {REDO_PLAN}"
+        require_regular_file(path, f"{run_dir / PLAN_FILE} data.{split}: {fix}")
+        if sha256_file(path) != entry.sha256:
+            raise DataError(
+                f"{path}: changed since the run (sha256 differs from {run_dir / PLAN_FILE} data.{split}); "
+                f"{fix}"
+            )
+
+
+def recipe_of_run(run_dir: str | Path, *, data: bool = False) -> Any:
+    """The recipe a run was made from, rebuilt from its plan.json (never from the recipe file, which may
+    have been edited, moved or deleted since). ``data``: the run's local data files will be read, so
+    check they are the files the run used. A run made by a compress without plans reads its recipe
+    file, as that compress did."""
     from compress.recipe import load_recipe
 
-    run_file = read_run_file(Path(run_dir))
+    run_dir = Path(run_dir)
+    plan = read_plan(run_dir)
+    if plan is not None:
+        recipe = recipe_of_plan(run_dir, plan)
+        if data:
+            check_planned_data(run_dir, plan)
+        return recipe
+    run_file = read_run_file(run_dir)
     if not run_file.recipe_file:
-        raise CompressError(f"{Path(run_dir) / 'run.json'}: no recipe_file; {REDO_RUN}")
+        raise CompressError(f"{run_dir / 'run.json'}: no recipe_file; {REDO_RUN}")
+    log.warning(
+        "%s: made by a compress without plan.json, so its recipe file %s is read again (edits since the "
+        "run count); run it again to record a plan",
+        run_dir,
+        run_file.recipe_file,
+    )
     return load_recipe(run_file.recipe_file)
