@@ -6,6 +6,12 @@ every file. The runner checks that manifest before it loads the model, so a bund
 board either runs exactly what compress checked or refuses to run. torch and transformers never
 go in: the board installs numpy, tokenizers and an interpreter only.
 
+A TFLite bundle offers a requirements file per interpreter its artifact names for one of its models
+(the manifest's runtime contracts and fallbacks): ai-edge-litert always, tflite-runtime 2.14 only where a
+model was made for it. A Pi's dynamic int8 artifact names it for its weight-only fallback; a phone's
+does not, since an app links LiteRT (com.google.ai.edge.litert), not a Linux wheel, and tflite-runtime
+2.14 computes the dynamic int8 model wrongly (121/250 labels as the host under emulated aarch64).
+
 A bundle for a phone (a target named android-* or ios-*, or any target with ``app_kit``) also carries
 the app developer's kit (``compress.parity``): the I/O contract as JSON and tokenizer parity vectors,
 since an app ports the tokenizer instead of running runner.py. A board's bundle does not: its runner
@@ -39,6 +45,7 @@ KEPT = ("name", "format", "target", "precision", "quantization", "inputs", "outp
 KEPT_IF_PRESENT = ("runtime", "fallbacks")
 """TFLite: the runtime contract (ops, op versions, interpreters that loaded the model) and fallback models."""
 FALLBACK_TFLITE = ("tflite-runtime==2.14.0", "numpy<2", "tokenizers>=0.19")
+TFLITE_RUNTIME_FILE = "requirements-tflite-runtime.txt"
 
 
 class FallbackModel(Open):
@@ -88,8 +95,21 @@ def choose_artifact(run_dir: Path, target: str) -> Path:
     return best.path
 
 
-def requirement_lines(fmt: str) -> dict[str, list[str]]:
-    """Device requirements per file, with the interpreter versions compress itself checked against."""
+def named_interpreters(source: dict[str, Any]) -> set[str]:
+    """The interpreters an artifact's manifest names for one of its models: those its runtime contract
+    loaded (or would have, were they installed) at export, and each fallback model's. An artifact
+    written before compress kept runtime contracts names none, and its bundle offers the primary only."""
+    runtime = source.get("runtime") if isinstance(source.get("runtime"), dict) else {}
+    loaded = runtime.get("loaded_at_export") or []
+    named = {entry.get("interpreter") for entry in loaded if isinstance(entry, dict)}
+    named |= {entry.get("interpreter") for entry in source.get("fallbacks") or [] if isinstance(entry, dict)}
+    return {name for name in named if isinstance(name, str)}
+
+
+def requirement_lines(fmt: str, interpreters: set[str] | None = None) -> dict[str, list[str]]:
+    """Device requirements per file, with the interpreter versions compress itself checked against.
+    TFLite: ai-edge-litert always; tflite-runtime 2.14 when ``interpreters`` names it (a model made
+    for it: ``named_interpreters``)."""
 
     def at_least(package: str) -> str:
         try:
@@ -100,20 +120,30 @@ def requirement_lines(fmt: str) -> dict[str, list[str]]:
     tokenizers = f"tokenizers>={'.'.join(metadata.version('tokenizers').split('.')[:2])}"
     if fmt == "onnx":
         return {"requirements.txt": [at_least("onnxruntime"), "numpy", tokenizers]}
-    return {
-        "requirements.txt": [at_least("ai-edge-litert"), "numpy", tokenizers],
-        "requirements-tflite-runtime.txt": list(FALLBACK_TFLITE),
-    }
+    files = {"requirements.txt": [at_least("ai-edge-litert"), "numpy", tokenizers]}
+    if "tflite_runtime" in (interpreters or set()):
+        files[TFLITE_RUNTIME_FILE] = list(FALLBACK_TFLITE)
+    return files
 
 
-def readme_text(manifest: dict[str, Any], labels: list[str], bundle_name: str) -> str:
-    extra = (
-        "  # or, where ai-edge-litert has no wheel (Python <= 3.11):\n"
-        "  #   pip install -r requirements-tflite-runtime.txt\n"
+def readme_text(manifest: dict[str, Any], labels: list[str], bundle_name: str, names: set[str]) -> str:
+    """README.txt; ``names`` are the bundle's file names (which requirements files it offers)."""
+    if TFLITE_RUNTIME_FILE in names:
+        extra = (
+            "  # or, where ai-edge-litert has no wheel (Python <= 3.11):\n"
+            f"  #   pip install -r {TFLITE_RUNTIME_FILE}\n"
+        )
+    elif manifest["format"] == "tflite":
+        extra = "  # (tflite-runtime is not offered: no model in this bundle was made for it)\n"
+    else:
+        extra = ""
+    links = (
+        "An app loads model.tflite with LiteRT (on Android: com.google.ai.edge.litert), not tflite-runtime.\n"
         if manifest["format"] == "tflite"
         else ""
     )
     kit = (
+        f"{links}"
         "For an app (Kotlin, Swift) that ports the tokenizer: io-contract.json (inputs, outputs, labels,\n"
         "tokenizer settings) and parity-vectors.json (the exact arrays runner.py feeds for a few hundred\n"
         "texts; a port must fill the same).\n"
@@ -189,7 +219,7 @@ def bundle_files(
         source={"artifact": str(artifact), "check": source.get("check")},
     )
     files["runner.py"] = RUNNER.read_bytes()
-    for name, lines in requirement_lines(manifest["format"]).items():
+    for name, lines in requirement_lines(manifest["format"], named_interpreters(source)).items():
         files[name] = ("\n".join(lines) + "\n").encode()
     labels = read_labels(artifact / "labels.json")
     if app_kit:
@@ -198,7 +228,7 @@ def bundle_files(
 
         files.update(make_kit(artifact, manifest, labels))
         manifest["app_kit"] = {"io_contract": CONTRACT_FILE, "parity_vectors": PARITY_FILE}
-    files["README.txt"] = readme_text(manifest, labels, bundle_name).encode()
+    files["README.txt"] = readme_text(manifest, labels, bundle_name, set(files)).encode()
     model_sha = next(e.sha256 for e in checked.files if e.path == model_file)
     card_source = {**manifest, "source": {**(source.get("source") or {}), "check": source.get("check")}}
     pair = bool(manifest["task"].get("text_pair"))

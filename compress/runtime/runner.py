@@ -246,7 +246,27 @@ def choose_model(manifest: dict[str, Any], interpreter: str, version: str) -> tu
             )
     quantization = manifest.get("quantization") if isinstance(manifest.get("quantization"), dict) else {}
     what = " ".join(str(quantization[k]) for k in ("scheme", "granularity") if quantization.get(k))
-    return MODEL_FILES[manifest["format"]], f"its primary model{f' ({what})' if what else ''}"
+    named = primary_interpreters(manifest)
+    unmade = (
+        f"; WARNING: made for {', '.join(named)}, not {interpreter}, whose labels may be wrong "
+        f"(pip install {TFLITE_MODULES[named[0]]})"
+        if named and interpreter not in named
+        else ""
+    )
+    return MODEL_FILES[manifest["format"]], f"its primary model{f' ({what})' if what else ''}{unmade}"
+
+
+def primary_interpreters(manifest: dict[str, Any]) -> list[str]:
+    """The TFLite interpreters the manifest's runtime contract names for the primary model (the target's,
+    less those sent to a fallback); none when it has no contract (older artifacts) or names another kind."""
+    runtime = manifest.get("runtime")
+    loaded = runtime.get("loaded_at_export") if isinstance(runtime, dict) else None
+    names = (
+        [entry.get("interpreter") for entry in loaded if isinstance(entry, dict)]
+        if isinstance(loaded, list)
+        else []
+    )
+    return [name for name in TFLITE_MODULES if name in names]
 
 
 def tflite_interpreter() -> tuple[Any, str, str]:

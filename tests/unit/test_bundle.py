@@ -88,7 +88,7 @@ def test_bundle_holds_exactly_what_the_device_needs(artifacts, tiny_bert_dir, tm
     names = {p.name for p in folder.iterdir()}
     expected = {f"model.{fmt}", "tokenizer.json", "labels.json", "runner.py", "manifest.json", "README.txt"}
     expected |= {"README.md"}
-    expected |= {"requirements.txt"} | ({"requirements-tflite-runtime.txt"} if fmt == "tflite" else set())
+    expected |= {"requirements.txt"}  # tflite-runtime's only for a model made for it (test below)
     assert names == expected
     manifest = read_json(folder / "manifest.json")
     assert manifest["files"] == file_entries(folder)
@@ -170,15 +170,47 @@ def test_missing_target_names_what_the_run_made(artifacts, tiny_bert_dir, tmp_pa
         make_bundle(run, "other-board", tmp_path / "b.tar.gz")
 
 
-def test_tflite_bundle_offers_the_tflite_runtime_fallback(artifacts, tiny_bert_dir, tmp_path, target):
-    run = fake_run(tmp_path / "run", tiny_bert_dir, artifacts, "tflite")
+def named_for(artifact: Path, into: Path, interpreters: list[str]) -> Path:
+    """A copy of ``artifact`` whose runtime contract names ``interpreters`` for model.tflite, as export
+    and quantize write it for a target (a Pi's fp32 model: both; a phone's or a Pi's dynamic int8: LiteRT)."""
+    folder = Path(shutil.copytree(artifact, into))
+    manifest = read_json(folder / "manifest.json")
+    loaded = [
+        {"interpreter": name, "loaded": None, "note": "not installed on this host"} for name in interpreters
+    ]
+    manifest["runtime"] = {"ops": [], "loaded_at_export": loaded}
+    write_json_atomic(folder / "manifest.json", manifest)
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("made_for", "offered"),
+    [
+        ("fallback", True),  # a Pi's dynamic int8: model.tflite for LiteRT, a weight-only one for 2.14
+        (["ai_edge_litert", "tflite_runtime"], True),  # a Pi's fp32 or weight-only model: both run it
+        (["ai_edge_litert"], False),  # a phone's: the app links LiteRT; 2.14 computes its int8 wrongly
+        (None, False),  # no runtime contract (an artifact from before compress kept them): nothing is known
+    ],
+)
+def test_a_tflite_bundle_offers_tflite_runtime_only_for_a_model_made_for_it(
+    artifacts, tiny_bert_dir, tmp_path, target, made_for, offered
+):
+    if made_for == "fallback":
+        artifact = with_fallback(artifacts["tflite"], tmp_path / "artifact")
+    elif made_for is not None:
+        artifact = named_for(artifacts["tflite"], tmp_path / "artifact", made_for)
+    else:
+        artifact = artifacts["tflite"]
+    run = fake_run(tmp_path / "run", tiny_bert_dir, {"tflite": artifact}, "tflite")
     folder = unpack(Path(make_bundle(run, target("tflite"), tmp_path / "b.tar.gz")["path"]), tmp_path / "u")
     assert (folder / "requirements.txt").read_text().startswith("ai-edge-litert")
-    assert (folder / "requirements-tflite-runtime.txt").read_text().split() == [
-        "tflite-runtime==2.14.0",
-        "numpy<2",
-        "tokenizers>=0.19",
-    ]
+    requirements = folder / "requirements-tflite-runtime.txt"
+    assert requirements.is_file() == offered
+    readme = (folder / "README.txt").read_text()
+    assert ("pip install -r requirements-tflite-runtime.txt" in readme) == offered
+    assert ("tflite-runtime is not offered" in readme) == (not offered)
+    if offered:
+        assert requirements.read_text().split() == ["tflite-runtime==2.14.0", "numpy<2", "tokenizers>=0.19"]
 
 
 def test_bundle_command_reports_the_size(artifacts, tiny_bert_dir, tmp_path, target):

@@ -281,3 +281,33 @@ def test_the_reason_a_manifest_gives_reaches_the_terminal_without_control_charac
     fake_tflite_runtime(monkeypatch, "2.14.0")
     why = rt.load(folder).why
     assert why.endswith("old kernels[2J rounddifferently") and why.isprintable()
+
+
+@pytest.mark.parametrize(
+    ("named", "installed", "warned"),
+    [
+        (["ai_edge_litert"], None, False),  # a phone's model under the interpreter it was made for
+        (["ai_edge_litert"], "2.14.0", True),  # ... under tflite-runtime 2.14, which computes it wrongly
+        (["ai_edge_litert", "tflite_runtime"], "2.14.0", False),  # a Pi's fp32 model: made for both
+        (None, "2.14.0", False),  # no runtime contract (an older artifact): nothing to say
+    ],
+)
+def test_an_interpreter_the_model_was_not_made_for_runs_it_with_a_warning(
+    artifacts, tmp_path, monkeypatch, capsys, named, installed, warned
+):
+    folder = Path(shutil.copytree(artifacts["tflite"], tmp_path / "phone"))
+    if named is not None:
+        manifest = json.loads((folder / "manifest.json").read_text())
+        loaded = [{"interpreter": name, "loaded": None} for name in named]
+        manifest["runtime"] = {"ops": [], "loaded_at_export": loaded}
+        (folder / "manifest.json").write_text(json.dumps(manifest))
+    if installed is not None:
+        fake_tflite_runtime(monkeypatch, installed)
+    assert rt.main(["--dir", str(folder), "predict", "good phone"]) == 0
+    said = capsys.readouterr().err
+    assert said.startswith(f"runner: {'tflite_runtime' if installed else 'ai_edge_litert'} ")
+    warning = (
+        "WARNING: made for ai_edge_litert, not tflite_runtime, whose labels may be wrong "
+        "(pip install ai-edge-litert)"
+    )
+    assert (warning in said) == warned and ("WARNING" in said) == warned, said
