@@ -102,15 +102,13 @@ def checkpoint_dev_logits(recipe: Any, folder: Path) -> tuple[Any, list[int]]:
 def run_ablation(
     task: str, split: dict[str, Path], teacher: Path, name: str, spec: dict[str, Any], args, teacher_dev: dict
 ) -> dict[str, Any]:
-    """Run the distill stage handler alone (no report/evaluation stages) with a per-task cache.
+    """Run the recipe's distill stage alone (``compress.api.run_stage``: no report/evaluation) with a
+    per-task cache.
 
     Accuracy and agreement are measured on dev against the teacher's dev logits, kept per task in
     ``teacher_dev``."""
-    import shutil
-
+    from compress.api import run_stage
     from compress.recipe import load_recipe
-    from compress.stages import get_stage
-    from compress.stages.base import StageContext
     from compress.training import classification_metrics
 
     stage = {
@@ -129,22 +127,9 @@ def run_ablation(
     recipe_path.write_text(yaml.safe_dump(recipe_for(task, split, teacher, stage, args), sort_keys=False))
     recipe = load_recipe(recipe_path)
     out = run_dir / slug
-    shutil.rmtree(out, ignore_errors=True)
-    out.mkdir()
-    ctx = StageContext(
-        recipe=recipe,
-        config=recipe.stages[0],
-        index=1,
-        out_dir=out,
-        run_dir=run_dir,
-        teacher_dir=teacher.resolve(),
-        input_dir=teacher.resolve(),
-        previous=[],
-        cache_dir=run_dir / ".cache",
-        seed=recipe.seed,
-    )
     start = time.time()
-    m = get_stage("distill").run(ctx).metrics
+    # the run's folders share <run_dir>/.cache, so the teacher's outputs are computed once per layer set
+    m = run_stage(recipe, out, teacher=teacher.resolve()).metrics
     if task not in teacher_dev:
         teacher_dev[task] = checkpoint_dev_logits(recipe, teacher.resolve())[0]
     reference = teacher_dev[task]

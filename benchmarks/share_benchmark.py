@@ -152,27 +152,14 @@ def checkpoint_row(recipe: Any, name: str, folder: Path) -> dict[str, Any]:
 
 def run_variant(recipe: Any, name: str, config: dict[str, Any], args: argparse.Namespace, work: Path) -> dict:
     """Run the share stage on the student with ``config``; its manifest metrics become the row."""
+    from compress.api import run_stage
     from compress.stages import get_stage
-    from compress.stages.base import StageContext
 
-    spec = get_stage("share")
-    cfg = spec.config_cls.model_validate({"type": "share", **config})
+    cfg = get_stage("share").config_cls.model_validate({"type": "share", **config})
     out = work / name.replace(" + ", "-plus-").replace(" ", "-")
-    out.mkdir(parents=True, exist_ok=True)
-    ctx = StageContext(
-        recipe=recipe,
-        config=cfg,
-        index=1,
-        out_dir=out,
-        run_dir=work,
-        teacher_dir=args.teacher,
-        input_dir=args.student,
-        previous=[],
-        cache_dir=work / ".cache",
-        seed=recipe.seed,
-    )
     start = time.time()
-    m = spec.run(ctx).metrics
+    # variants share <work>/.cache: recovery computes the teacher's outputs once
+    m = run_stage(recipe, out, config=cfg, teacher=args.teacher, model=args.student).metrics
     seconds = round(time.time() - start, 1)
     row = checkpoint_row(recipe, name, out)  # dev accuracy; the stage's own numbers are on the held-out rows
     row["heldout_accuracy"] = m["accuracy"]

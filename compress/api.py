@@ -95,8 +95,8 @@ def run(
 
     if isinstance(overrides, Mapping):
         overrides = [f"{key}={json.dumps(value)}" for key, value in overrides.items()]
-    loaded = load_recipe(recipe, list(overrides or ()))
-    return run_recipe(loaded, Path(out), fresh=fresh, quiet=quiet)
+    sets = list(overrides or ())
+    return run_recipe(load_recipe(recipe, sets), Path(out), fresh=fresh, quiet=quiet, overrides=sets)
 
 
 def distill(
@@ -113,7 +113,7 @@ def distill(
     or its dict (``{"layers": 3, "epochs": 3}``); ``data`` needs train and eval rows (eval picks the
     best epoch). ``task``: a recipe's ``task`` section (columns, label names, max_length)."""
     return _call(
-        "distill", options, out_dir, teacher, teacher, data, ("train", "eval"), task, [], seed, cache_dir
+        "distill", options, out_dir, model=teacher, data=data, task=task, seed=seed, cache_dir=cache_dir
     )
 
 
@@ -130,8 +130,17 @@ def share(
 ) -> Output:
     """ALBERT-style sharing of ``model`` (the ``share`` stage), recovered by distillation against
     ``teacher`` (default: ``model`` itself); ``data`` needs train and eval rows."""
-    chosen = model if teacher is None else teacher
-    return _call("share", options, out_dir, model, chosen, data, ("train", "eval"), task, [], seed, cache_dir)
+    return _call(
+        "share",
+        options,
+        out_dir,
+        model=model,
+        teacher=teacher,
+        data=data,
+        task=task,
+        seed=seed,
+        cache_dir=cache_dir,
+    )
 
 
 def export(
@@ -146,7 +155,17 @@ def export(
 ) -> Output:
     """One fp32 artifact per target profile (``arm64-onnx``, ...), each checked against ``model`` on
     the first eval rows (``options.check_samples``). ``data``: the eval rows (one source)."""
-    return _call("export", options or {}, out_dir, model, model, data, ("eval",), task, targets, 0, cache_dir)
+    return _call(
+        "export",
+        options or {},
+        out_dir,
+        model=model,
+        data=data,
+        needed=("eval",),
+        task=task,
+        targets=targets,
+        cache_dir=cache_dir,
+    )
 
 
 def quantize(
@@ -179,15 +198,14 @@ def quantize(
         "quantize",
         options or {},
         out_dir,
-        model,
-        model,
-        data,
-        ("eval",),
-        task,
-        targets,
-        seed,
-        cache_dir,
-        previous,
+        model=model,
+        data=data,
+        needed=("eval",),
+        task=task,
+        targets=targets,
+        seed=seed,
+        cache_dir=cache_dir,
+        previous=previous,
     )
 
 
@@ -320,17 +338,19 @@ def _call(
     stage: str,
     options: Any,
     out_dir: str | Path,
+    *,
     model: Any,
-    teacher: Any,
     data: Any,
-    needed: tuple[str, ...],
-    task: Any,
-    targets: Sequence[str],
-    seed: int,
-    cache_dir: str | Path | None,
+    teacher: Any = None,
+    needed: tuple[str, ...] = ("train", "eval"),
+    task: Any = None,
+    targets: Sequence[str] = (),
+    seed: int = 0,
+    cache_dir: str | Path | None = None,
     previous: Sequence[FinishedStage] = (),
 ) -> Output:
-    """Validate the call as a one-stage recipe, then run that stage like ``run_stage``."""
+    """Validate the call as a one-stage recipe, then run that stage like ``run_stage``; ``teacher``
+    defaults to ``model``."""
     from compress.stages import get_stage
 
     config = _options(get_stage(stage).config_cls, stage, options)
@@ -338,7 +358,7 @@ def _call(
     cache = Path(cache_dir).resolve() if cache_dir else out.parent / ".cache"
     with contextlib.ExitStack() as stack:
         input_dir = stack.enter_context(_model_dir(model))
-        teacher_dir = input_dir if teacher is model else stack.enter_context(_model_dir(teacher))
+        teacher_dir = input_dir if teacher is None else stack.enter_context(_model_dir(teacher))
         spec = _task(task)
         splits = _split_sources(data, needed, spec, cache / "data")
         recipe = _recipe(stage, config, teacher_dir, spec, splits, list(targets), seed)

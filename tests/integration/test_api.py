@@ -102,3 +102,29 @@ def test_a_bad_option_is_the_recipes_one_line_error_and_writes_nothing(example, 
     with pytest.raises(DataError, match=r"^data\['eval'\] row 2: expected \(text, label\) or"):
         api.distill(teacher, {"train": data["train"], "eval": [("good", 1), "bad"]}, {}, tmp_path / "student")
     assert not (tmp_path / "student").exists()
+
+
+def test_share_takes_a_previous_output_and_run_applies_mapping_overrides(example, tmp_path):
+    from compress.models import load_classifier
+
+    root, ns = example
+    data = {"train": root / "data" / "train.tsv", "eval": root / "data" / "dev.tsv"}
+    shared = api.share(
+        ns["student"], data, {"vocab": {}, "recovery": None}, tmp_path / "shared", task=ns["task"]
+    )
+    assert shared.metrics["parameters"] < shared.metrics["parameters_before"]
+    assert shared.manifest["stage"] == "share" and shared.source == ns["student"].dir
+    model, tokenizer = load_classifier(shared.dir)
+    assert len(tokenizer) == model.config.vocab_size
+    recipe = write_recipe(
+        tmp_path / "r.yaml",
+        teacher=root / "models" / "teacher",
+        data={"train": data["train"], "dev": data["eval"], "test": data["eval"]},
+        stages="  - type: distill\n",
+    )
+    with pytest.raises(RecipeError, match=r"r\.yaml(:\d+)? stages\[0\]\.epochs: must be > 0, got 0$"):
+        api.run(recipe, {"stages.0.epochs": 0}, out=tmp_path / "runs")
+    assert not (tmp_path / "runs").exists()
+    done = api.run(recipe, {"stages.0.epochs": 1}, out=tmp_path / "runs")
+    plan = json.loads((done.run_dir / "plan.json").read_text())
+    assert plan["overrides"] == ["stages.0.epochs=1"] and plan["recipe"]["stages"][0]["epochs"] == 1

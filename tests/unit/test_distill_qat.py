@@ -1,4 +1,4 @@
-"""Quantization-aware recovery computes what onnxruntime's dynamic int8 computes, and only inside its block."""
+"""Quantization-aware recovery computes what onnxruntime's dynamic int8 computes, only inside its block."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from compress.share.tying import RelaxedLinear
 
 
 def ort_dynamic_int8(weight: np.ndarray, x: np.ndarray, tmp_path) -> np.ndarray:
-    """x @ weightᵀ through onnxruntime's quantize_dynamic (per-channel int8), as the quantize stage runs it."""
+    """x @ weightᵀ through onnxruntime's quantize_dynamic (per-channel int8), as the quantize stage does."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     b = numpy_helper.from_array(weight.T.copy(), "B")
