@@ -58,11 +58,13 @@ def finish_artifact(
     source: dict[str, Any] | None,
     check: dict[str, Any],
     runtime: dict[str, Any] | None = None,
+    fusion: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Write tokenizer.json, labels.json and manifest.json beside the model file; return the manifest.
 
     ``runtime`` (TFLite) is the runtime contract: the ops and op versions the model file needs and the
-    interpreters that loaded it at export."""
+    interpreters that loaded it at export. ``fusion`` (ONNX) says whether the graph is ONNX Runtime's
+    fused one, the fused op counts, and why not when fusion was asked for and not applied."""
     if not (folder / MODEL_FILES[fmt]).is_file():
         raise ExportError(f"{folder}: {MODEL_FILES[fmt]} was not written")
     write_tokenizer(tokenizer, folder)
@@ -84,6 +86,7 @@ def finish_artifact(
         "source": source,
         "check": check,
         **({"runtime": runtime} if runtime is not None else {}),
+        **({"fusion": fusion} if fusion is not None else {}),
         "files": file_entries(folder),
     }
     write_json_atomic(folder / "manifest.json", manifest)

@@ -6,13 +6,20 @@ identical initializers, so ``dedupe_initializers`` merges initializers with the 
 opposite also happens: a weight read by several layers keeps a runtime ``Transpose`` in front of its
 MatMuls, which hides it from int8 quantizers (they quantize MatMul weights that are initializers), so
 ``fold_weight_transposes`` stores such a weight pre-transposed, still once.
+
+``fuse=True`` exports instead the graph ONNX Runtime's transformer optimizer can fuse (attention,
+skip-layer-norm, bias-GELU): the TorchScript exporter tracing eager attention, which is the pattern the
+optimizer matches (the dynamo exporter's attention is not). A model whose attention does not fuse in
+every layer falls back to the dynamo graph, with the reason logged and kept in the manifest: the
+fallback is the checked graph compress has always shipped, so a default-on speed-up never fails a run.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +61,137 @@ def trace_to_onnx(module: Classifier, path: Path, *, opset: int, input_dtype: st
     except Exception as exc:
         raise conversion_error("onnx", exc) from None
     program.save(str(path), external_data=False)
+
+
+FUSION_TOOL = "onnxruntime.transformers.optimizer.optimize_model(model_type=bert, opt_level=0)"
+ATTENTION_OP = "MultiHeadAttention"
+
+
+@contextmanager
+def eager_attention(model: Any) -> Iterator[None]:
+    """Run ``model`` with transformers' eager attention (the explicit MatMul/Softmax chain), then restore."""
+    before = getattr(model.config, "_attn_implementation", None)
+    model.set_attn_implementation("eager")
+    try:
+        yield
+    finally:
+        if before is not None:
+            model.set_attn_implementation(before)
+
+
+def trace_for_fusion(module: Classifier, path: Path, *, opset: int, input_dtype: str) -> None:
+    """TorchScript export of eager attention, dynamic ``batch`` and ``sequence`` axes, one file."""
+    import torch
+
+    dtype = getattr(torch, input_dtype)
+    example = tuple(torch.ones(2, 5, dtype=dtype) for _ in module.names)
+    axes = {name: {0: "batch", 1: "sequence"} for name in module.names}
+    with eager_attention(module.model):
+        torch.onnx.export(
+            module,
+            example,
+            str(path),
+            input_names=module.names,
+            output_names=["logits"],
+            dynamic_axes={**axes, "logits": {0: "batch"}},
+            opset_version=opset,
+            dynamo=False,
+        )
+
+
+def fusion_options() -> Any:
+    """The optimizer's BERT fusions, with three choices made for what compress does after them.
+
+    ``MultiHeadAttention`` instead of ``Attention`` keeps the query/key/value projections as their own
+    MatMuls: static QDQ int8 has no ``Attention`` quantizer (its packed QKV weight would stay float)
+    and ``float_layers`` names those projections. No ``EmbedLayerNormalization``: it swallows the
+    ``Gather`` lookups that int8 and int4 (``embedding_bits: 4``) tables are stored through, and the
+    export does not know which the quantize stage will pick. The raw 2-D attention mask, not a
+    per-row length: the mask means what the model's mask means, whatever the padding side.
+    """
+    from onnxruntime.transformers.fusion_options import FusionOptions
+
+    options = FusionOptions("bert")
+    options.use_multi_head_attention = True
+    options.enable_embed_layer_norm = False
+    options.use_raw_attention_mask(True)
+    return options
+
+
+def attention_shape(config: Any) -> tuple[int, int, int]:
+    """(heads, hidden size, layers) from a BERT-like or DistilBERT-like config; 0 when it does not say."""
+
+    def first(*keys: str) -> int:
+        return next((int(getattr(config, k)) for k in keys if getattr(config, k, None)), 0)
+
+    return (
+        first("num_attention_heads", "n_heads"),
+        first("hidden_size", "dim"),
+        first("num_hidden_layers", "n_layers"),
+    )
+
+
+def fuse_graph(path: Path, config: Any) -> dict[str, int]:
+    """Run ORT's transformer fusions on ``path`` in place; return the fused op counts.
+
+    ``opt_level=0``: the portable Python fusions only; the extended graph optimizations every
+    onnxruntime session applies at load time stay with the board's own session. The saved graph is
+    typed by onnxruntime's symbolic shape inference, which knows the contrib ops' outputs, so the
+    int8 quantizers (which read tensor types) see every float tensor.
+    """
+    import onnx
+    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+    from onnxruntime.transformers import optimizer
+
+    heads, hidden, _ = attention_shape(config)
+    fused = optimizer.optimize_model(
+        str(path),
+        model_type="bert",
+        num_heads=heads,
+        hidden_size=hidden,
+        optimization_options=fusion_options(),
+        opt_level=0,
+    )
+    counts = {op: int(n) for op, n in fused.get_fused_operator_statistics().items() if n}
+    fused.save_model_to_file(str(path))
+    typed = SymbolicShapeInference.infer_shapes(onnx.load(str(path)), auto_merge=True)
+    onnx.save(typed, str(path))
+    return counts
+
+
+def unfused_reason(counts: dict[str, int], config: Any) -> str | None:
+    """Why the fused graph is not the one to ship, or ``None`` when attention fused in every layer."""
+    layers = attention_shape(config)[2]
+    got = counts.get(ATTENTION_OP, 0)
+    if layers and got == layers:
+        return None
+    return (
+        f"ORT's optimizer fused attention in {got} of {layers or 'an unknown number of'} layers "
+        f"(fused ops: {counts or 'none'})"
+    )
+
+
+def export_fused(module: Classifier, path: Path, profile: TargetProfile) -> dict[str, Any]:
+    """Write the fused graph at ``path``; return the fusion record (``applied``, fused ``ops``, ``reason``).
+
+    Anything that keeps attention from fusing (an exporter error, an unmatched pattern) becomes the
+    record's ``reason`` and ``applied`` stays false: the caller then exports the unfused graph.
+    """
+    config = module.model.config
+    record: dict[str, Any] = {"requested": True, "applied": False, "tool": FUSION_TOOL, "ops": {}}
+    try:
+        trace_for_fusion(module, path, opset=profile.opset, input_dtype=profile.input_dtype)
+        record["ops"] = fuse_graph(path, config)
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        record["reason"] = f"the fusable export failed: {type(exc).__name__}: {first}"
+        return record
+    reason = unfused_reason(record["ops"], config)
+    if reason is not None:
+        record["reason"] = reason
+        return record
+    record["applied"] = True
+    return record
 
 
 def _tensor_key(tensor: Any) -> str:
@@ -229,26 +367,54 @@ def export_onnx(
     pairs: list[str] | None = None,
     max_length: int | None = None,
     source: dict[str, Any] | None = None,
+    fuse: bool = False,
 ) -> dict[str, Any]:
     """Export ``model`` (a Hugging Face sequence classifier) as an fp32 ONNX artifact folder at ``out_dir``.
 
     ``texts``/``pairs`` are real inputs for the export check (default: built-in sentences);
-    ``max_length`` is the truncation length recorded for callers (default: the profile's).
+    ``max_length`` is the truncation length recorded for callers (default: the profile's);
+    ``fuse`` writes ORT's fused graph when attention fuses in every layer (the manifest's ``fusion``
+    says which graph was written and why).
     Returns the manifest written to ``out_dir/manifest.json``.
     """
     if profile.format != "onnx":
         raise ExportError(f"target '{profile.name}' wants {profile.format}, not onnx")
     module = Classifier(model.eval()).eval()
     max_length = max_length or profile.max_length
+
+    def check(path: Path) -> dict[str, Any]:
+        return check_onnx(module, tokenizer, path, texts or SAMPLE_TEXTS, pairs, max_length)
+
     with atomic_dir(out_dir) as folder:
         path = folder / MODEL_FILES["onnx"]
-        trace_to_onnx(
-            module, path, opset=profile.opset, input_dtype=profile.input_dtype, seq_max=max_positions(model)
-        )
-        removed = tidy_onnx(path)
+        fusion: dict[str, Any] = {"requested": False, "applied": False}
+        checked = None
+        if fuse:
+            fusion = export_fused(module, path, profile)
+            if fusion["applied"]:
+                removed = tidy_onnx(path)
+                try:
+                    checked = check(path)
+                except Exception as exc:  # a wrong graph (ExportError), or one onnxruntime cannot load
+                    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+                    fusion.update(applied=False, reason=f"the fused graph failed the export check: {first}")
+            if checked is None:
+                log.warning(
+                    "onnx export: %s; writing the unfused graph instead (fuse: false skips the attempt)",
+                    fusion["reason"],
+                )
+        if checked is None:
+            trace_to_onnx(
+                module,
+                path,
+                opset=profile.opset,
+                input_dtype=profile.input_dtype,
+                seq_max=max_positions(model),
+            )
+            removed = tidy_onnx(path)
+            checked = check(path)
         if removed:
             log.info("onnx export: merged %d duplicate initializers (shared weights)", removed)
-        check = check_onnx(module, tokenizer, path, texts or SAMPLE_TEXTS, pairs, max_length)
         manifest = finish_artifact(
             folder,
             model=model,
@@ -266,7 +432,8 @@ def export_onnx(
             sequence_lengths=profile.sequence_lengths,
             text_pair=pairs is not None,
             source=source,
-            check={**check, "merged_initializers": removed},
+            check={**checked, "merged_initializers": removed},
+            fusion=fusion,
         )
     return manifest
 

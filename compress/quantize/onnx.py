@@ -29,6 +29,7 @@ from compress.quantize import derive_artifact
 from compress.quantize.constants import onnx_float_constants, require_int8_constants
 
 STATIC_OP_TYPES = ["MatMul", "Gemm", "Gather"]
+FLOAT = 1  # onnx.TensorProto.FLOAT: the type of a fused contrib op's output shape inference cannot name
 METHODS = ("minmax", "entropy", "percentile")
 EMBEDDING_BITS = (8, 4)
 
@@ -47,20 +48,55 @@ class FeedReader:
         self._iter = iter(self._feeds)
 
 
+def torchscript_scope(layer: str) -> str:
+    """The node-name prefix the TorchScript exporter gives a module's ops: ``bert.encoder.layer.3.output``
+    -> ``/bert/encoder/layer.3/output/`` (a ``ModuleList`` index stays joined to its list's name)."""
+    parts: list[str] = []
+    for part in layer.split("."):
+        if part.isdigit() and parts:
+            parts[-1] += f".{part}"
+        else:
+            parts.append(part)
+    return "/" + "/".join(parts) + "/"
+
+
 def nodes_in_layers(model_path: Path, layers: list[str]) -> list[str]:
-    """Names of the ONNX nodes traced from any of the given module names (``bert.encoder.layer.3...``)."""
+    """Names of the ONNX nodes traced from any of the given module names (``bert.encoder.layer.3...``).
+
+    A dynamo export says so in each node's scope metadata; a fused (TorchScript) export in its node
+    names. A layer none of whose nodes is left (fused into an op that also computes other layers'
+    work) is an error: keeping it float silently would not happen.
+    """
     import onnx
 
     if not layers:
         return []
     model = onnx.load(str(model_path), load_external_data=False)
-    wanted = {f"model.{layer}" for layer in layers} | set(layers)
-    found = []
+    prefixes = {layer: (torchscript_scope(f"model.{layer}"), torchscript_scope(layer)) for layer in layers}
+    found, matched = [], set()
     for node in model.graph.node:
         scopes = next((p.value for p in node.metadata_props if p.key == SCOPES_KEY), None)
-        if scopes and wanted & set(ast.literal_eval(scopes)):
+        traced = set(ast.literal_eval(scopes)) if scopes else set()
+        hits = {
+            layer
+            for layer in layers
+            if {layer, f"model.{layer}"} & traced or node.name.startswith(prefixes[layer])
+        }
+        if hits:
             found.append(node.name)
+            matched |= hits
+    missing = [layer for layer in layers if layer not in matched]
+    if missing and is_fused(model):
+        raise ExportError(
+            f"float_layers: no node of {model_path.name} computes only {missing[0]!r} (ONNX Runtime's "
+            "fusions merged it into a fused op); keep a whole layer float, or export with fuse: false"
+        )
     return found
+
+
+def is_fused(model: Any) -> bool:
+    """Whether the graph holds ONNX Runtime's transformer contrib ops (the export's ``fuse``)."""
+    return any(node.domain == "com.microsoft" for node in model.graph.node)
 
 
 def nodes_of_other_types(model_path: Path, op_types: list[str]) -> list[str]:
@@ -237,6 +273,7 @@ def quantize_onnx(
                     per_channel=per_channel,
                     weight_type=QuantType.QInt8,
                     nodes_to_exclude=excluded,
+                    extra_options={"DefaultTensorType": FLOAT},
                 )
             else:
                 quantize_static(
@@ -252,7 +289,7 @@ def quantize_onnx(
                     calibrate_method=getattr(
                         CalibrationMethod, {"minmax": "MinMax"}.get(method, method.title())
                     ),
-                    extra_options={"ActivationSymmetric": symmetric},
+                    extra_options={"ActivationSymmetric": symmetric, "DefaultTensorType": FLOAT},
                 )
             embedding = store_tables_int4(target, embedding_block, excluded) if embedding_bits == 4 else None
         except ExportError:

@@ -23,6 +23,11 @@ class ExportConfig(StageConfig):
     """Subset of the recipe's targets to export (default: all of them)."""
     check_samples: int = Field(32, gt=0)
     """Eval-split texts used as real inputs for the export check."""
+    fuse: bool = False
+    """ONNX targets: write ONNX Runtime's fused graph (multi-head attention, skip-layer-norm, bias-GELU,
+    from onnxruntime.transformers' optimizer) when attention fuses in every layer; otherwise the
+    unfused graph, with the reason logged and kept in the manifest's ``fusion``. Off by default until
+    fused artifacts are measured no slower than unfused ones on the suite's models."""
 
 
 def stage_targets(ctx: StageContext, names: list[str] | None, key: str) -> list[Any]:
@@ -62,8 +67,10 @@ def export_float(
     name: str,
     texts: list[str],
     pairs: list[str] | None,
+    fuse: bool = ExportConfig.model_fields["fuse"].default,
 ) -> dict[str, Any]:
-    """Export one fp32 artifact for ``profile`` into ``folder`` (shared with the quantize stage)."""
+    """Export one fp32 artifact for ``profile`` into ``folder`` (shared with the quantize stage, which
+    exports with the export stage's default ``fuse``)."""
     from compress.export.artifact import source_info
 
     source = source_info(ctx.input_dir)
@@ -81,6 +88,7 @@ def export_float(
             pairs=pairs,
             max_length=max_length,
             source=source,
+            fuse=fuse,
         )
     from compress.export.tflite import export_tflite
 
@@ -108,10 +116,21 @@ def run(ctx: StageContext) -> StageResult:
     model, tokenizer = load_input_model(ctx)
     texts, pairs = check_texts(ctx, config.check_samples)
     metrics: dict[str, Any] = {}
+    fused: dict[str, bool] = {}
     for profile in profiles:
         folder = f"{profile.name}-fp32"
         manifest = export_float(
-            ctx, model, tokenizer, profile, ctx.out_dir / folder, artifact_name(ctx, folder), texts, pairs
+            ctx,
+            model,
+            tokenizer,
+            profile,
+            ctx.out_dir / folder,
+            artifact_name(ctx, folder),
+            texts,
+            pairs,
+            fuse=config.fuse,
         )
         metrics[folder] = artifact_metrics(manifest)
-    return StageResult(metrics={"artifacts": metrics}, info={"artifacts": sorted(metrics)})
+        if "fusion" in manifest:
+            fused[folder] = manifest["fusion"]["applied"]
+    return StageResult(metrics={"artifacts": metrics}, info={"artifacts": sorted(metrics), "fused": fused})
