@@ -137,6 +137,7 @@ def verify_arm_cmd(
     with the host's labels of the model each interpreter picks. A pass is recorded in BUNDLE.verified.json."""
     from compress.arm import remove_verification, verify_arm, write_verification
     from compress.io import check_output_path, write_json_atomic
+    from compress.terminal import quieted
 
     remove_verification(bundle)  # before any work: a run that fails anywhere leaves no earlier record
     if out is not None:
@@ -144,9 +145,10 @@ def verify_arm_cmd(
     texts, pairs, source = _texts(run_dir, data)
     if min_agreement is None:
         min_agreement = (recipe_min_agreement(run_dir) if run_dir is not None else None) or 1.0
-    result = verify_arm(
-        bundle, texts, pairs, root_cache=cache, tie_margin=tie_margin, min_agreement=min_agreement
-    )
+    with quieted():  # the host interpreter's C++ lines ("Created ... XNNPACK delegate") stay off the terminal
+        result = verify_arm(
+            bundle, texts, pairs, root_cache=cache, tie_margin=tie_margin, min_agreement=min_agreement
+        )
     click.echo(
         f"{bundle}: {_megabytes(result['bundle_bytes'])}, {result['artifact']}; "
         f"{len(texts)} texts from {source}; pass at {min_agreement:.2%} of labels as on the host"

@@ -226,11 +226,15 @@ def onnx_signatures(path: Path) -> list[dict[str, Any]]:
 
 
 def model_specs(folder: Path, manifest: dict[str, Any]) -> list[dict[str, Any]]:
-    """The primary model and each fallback, with their signatures read from the model files."""
+    """The primary model and each fallback, with their signatures read from the model files. The
+    interpreters' own C++ log lines stay off the terminal unless -v (``quieted``)."""
+    from compress.terminal import quieted
+
     fmt = manifest["format"]
     paths = [f"model.{fmt}", *(entry["path"] for entry in manifest.get("fallbacks") or [])]
     read = tflite_signatures if fmt == "tflite" else onnx_signatures
-    return [{"path": rel, "signatures": read(folder / rel)} for rel in paths]
+    with quieted():
+        return [{"path": rel, "signatures": read(folder / rel)} for rel in paths]
 
 
 def fixed_lengths(specs: list[dict[str, Any]], where: Path) -> list[int] | None:

@@ -6,7 +6,8 @@ descriptors 1 and 2. Only redirecting the descriptors catches the last kind, and
 first two as well, since ``sys.stderr`` and the handlers bound to it write through descriptor 2.
 So while a run works, descriptors 1 and 2 point at the run's log file and compress's own output
 goes to a saved copy of the terminal's stderr through ``TERMINAL``: the "compress" logger, and the
-progress bars compress creates with ``progress``.
+progress bars compress creates with ``progress``. A command without a run log (``check-parity``,
+``bundle``) keeps a library's C++ lines off the terminal with ``quieted`` around the call that writes them.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import io
 import logging
 import os
 import sys
+import tempfile
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
@@ -103,6 +105,46 @@ def routed(log_path: Path) -> Iterator[Path]:
         os.dup2(log_fd, 2)
         undo.enter_context(_lines_to(terminal))
         yield log_path
+
+
+def verbose() -> bool:
+    """Whether the person passed -v: the CLI sets the "compress" logger to DEBUG for it."""
+    return logging.getLogger("compress").isEnabledFor(logging.DEBUG)
+
+
+@contextlib.contextmanager
+def quieted() -> Iterator[None]:
+    """What third-party code writes to descriptors 1 and 2 in the block (LiteRT's C++ "INFO: Created
+    TensorFlow Lite XNNPACK delegate for CPU.") goes to a scratch file instead of the terminal, for a
+    command with no run log; compress's own lines keep the terminal through ``TERMINAL``. Nothing
+    changes under -v (the person asked for those lines) or inside ``routed`` (descriptor 2 is the run
+    log already). When the block raises, the scratch file's lines reach stderr after all: they may say
+    why it failed."""
+    if TERMINAL.saved is not None or verbose():
+        yield
+        return
+    _flush(sys.stdout, sys.stderr)
+    with tempfile.TemporaryFile() as scratch:
+        try:
+            with contextlib.ExitStack() as undo:
+                terminal = _terminal_stream(_saved(2, undo))
+                _saved(1, undo)
+                undo.callback(_flush, sys.stdout, sys.stderr)  # what libraries buffered lands in scratch
+                os.dup2(scratch.fileno(), 1)
+                os.dup2(scratch.fileno(), 2)
+                TERMINAL.saved = terminal
+                try:
+                    yield
+                finally:
+                    TERMINAL.saved = None
+                    _flush(terminal)
+                    if terminal is not sys.stderr:
+                        terminal.close()
+        except BaseException:
+            scratch.seek(0)
+            sys.stderr.write(scratch.read().decode("utf-8", errors="backslashreplace"))
+            sys.stderr.flush()
+            raise
 
 
 def _saved(fd: int, undo: contextlib.ExitStack) -> int:

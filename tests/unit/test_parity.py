@@ -298,3 +298,21 @@ def test_a_forced_kit_covers_a_fallback_model_and_an_onnx_bundle(
     assert all(sum(c["attention_mask"]) == c["length"] for c in parity["cases"] if "refused" not in c)
     assert read_json(folder / CONTRACT_FILE)["models"][0]["signatures"][0]["inputs"][0]["dtype"] == "int64"
     assert check_bundle(folder)["problems"] == []
+
+
+def test_check_parity_prints_no_interpreter_log_line(tflite, tiny_bert_dir, tmp_path, targets):
+    """check-parity's terminal holds compress's lines only: LiteRT writes "INFO: Created TensorFlow Lite
+    XNNPACK delegate for CPU." to descriptor 2 from C++ once per process when a model first runs, which a
+    subprocess sees and CliRunner does not. The kit's interpreter loads run inside ``quieted``."""
+    import os
+    import subprocess
+    import sys
+
+    bundled(tmp_path, tiny_bert_dir, tflite)
+    command = [sys.executable, "-m", "compress.cli", "check-parity", str(tmp_path / "b.tar.gz")]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "every array matches" in done.stdout
+    assert "XNNPACK" not in done.stderr + done.stdout, done.stderr
+    assert [line for line in done.stderr.splitlines() if not line.startswith("compress: ")] == []

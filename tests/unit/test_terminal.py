@@ -126,3 +126,60 @@ def test_an_unusable_run_log_is_one_clear_error_and_leaves_the_descriptors(tmp_p
         pass
     assert {fd: _descriptor(fd) for fd in (1, 2)} == before
     assert not (tmp_path / "elsewhere.log").exists()
+
+
+QUIETED = r"""
+import logging, os, sys
+from pathlib import Path
+from compress.terminal import FORMAT, TERMINAL, quieted, routed
+
+handler = logging.StreamHandler(TERMINAL)  # as compress.cli sets up its logger
+handler.setFormatter(logging.Formatter(FORMAT))
+ours = logging.getLogger("compress")
+ours.handlers[:], ours.propagate = [handler], False
+ours.setLevel(logging.DEBUG if sys.argv[1] == "-v" else logging.INFO)
+
+def native(what):
+    os.write(2, f"INFO: native stderr line {what}\n".encode())
+    os.write(1, f"native stdout line {what}\n".encode())
+
+with quieted():
+    logging.getLogger("compress.parity").info("compress line")
+    native("kept off")
+print("summary on stdout", flush=True)
+with routed(Path(sys.argv[2])), quieted():
+    native("for the log")
+try:
+    with quieted():
+        native("before a failure")
+        raise RuntimeError("boom")
+except RuntimeError as exc:
+    print(f"error: {exc}", file=sys.stderr)
+"""
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_quieted_keeps_native_lines_off_the_terminal_unless_verbose_or_failing(tmp_path: Path, verbose):
+    """``quieted`` (check-parity, bundle: commands with no run log): a library's C-level writes to
+    descriptors 1 and 2 never reach the terminal, compress's lines do; -v shows them; inside ``routed``
+    they stay in the run log; when the block fails they reach stderr, since they may say why."""
+    log = tmp_path / "run.log"
+    done = subprocess.run(
+        [sys.executable, "-c", QUIETED, "-v" if verbose else "-", str(log)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines()[0] == "compress: compress line"
+    assert ("INFO: native stderr line kept off" in done.stderr) == verbose, done.stderr
+    assert ("native stdout line kept off" in done.stdout) == verbose, done.stdout
+    assert "summary on stdout" in done.stdout
+    assert (
+        "for the log" not in done.stderr + done.stdout
+        and "INFO: native stderr line for the log" in log.read_text()
+    )
+    assert "INFO: native stderr line before a failure" in done.stderr  # said, -v or not
+    assert done.stderr.splitlines()[-1] == "error: boom"
