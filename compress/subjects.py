@@ -352,6 +352,8 @@ def run_subjects(run_dir: str | Path) -> list[Subject]:
 
     run_dir = Path(run_dir)
     plan = read_plan(run_dir)
+    if plan is not None:
+        recipe_of_plan(run_dir, plan)  # a plan whose recipe no longer validates is not trusted either
     teacher, found = None, []
     for stage_type, folder in _stage_folders(run_dir, plan):
         manifest = read_stage_manifest(folder)
