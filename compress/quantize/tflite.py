@@ -27,6 +27,7 @@ from compress.errors import ExportError
 from compress.io import atomic_dir, write_json_atomic
 from compress.quantize import derive_artifact
 from compress.quantize.constants import require_int8_constants, tflite_float_constants
+from compress.quantize.tflite_compact import compact_tflite
 
 LOGITS_SCOPE = r"_logits_output(;|$)"
 STATIC_OPS = ["FULLY_CONNECTED", "BATCH_MATMUL"]
@@ -133,6 +134,26 @@ def write_model(q: Any, scheme: str, calibration: dict[str, Any] | None, target:
     check_float_outputs(target)
 
 
+def write_checked(
+    q: Any,
+    scheme: str,
+    calibration: dict[str, Any] | None,
+    path: Path,
+    float_layers: list[str],
+    artifact: str | None = None,
+) -> dict[str, Any]:
+    """Write an int8 model, fail it for a large float constant the recipe did not keep float, then compact
+    it (``tflite_compact``: names are needed by the check's scopes, so the check comes first).
+
+    Returns the float constants it keeps on purpose (``kept_float``) and the compaction's bytes.
+    """
+    write_model(q, scheme, calibration, path)
+    scopes = [LOGITS_SCOPE, *(layer_scope(layer) for layer in float_layers)]
+    require_int8_constants(artifact or path.name, tflite_float_constants(path, scopes))
+    kept = tflite_float_constants(path)
+    return {"kept_float": kept, "compaction": compact_tflite(path)}
+
+
 def quantization_record(
     scheme: str,
     per_channel: bool,
@@ -140,6 +161,7 @@ def quantization_record(
     calibration: dict[str, list[Any]] | None,
     float_layers: list[str],
     kept_float: dict[str, int],
+    compaction: dict[str, int],
 ) -> dict[str, Any]:
     return {
         "tool": "ai-edge-quantizer",
@@ -153,6 +175,7 @@ def quantization_record(
         else None,
         "float_layers": float_layers,
         "float_constant_bytes": sum(kept_float.values()),
+        "compaction": compaction,
     }
 
 
@@ -171,15 +194,13 @@ def write_fallbacks(
     from compress.export.tflite import runtime_contract
 
     entries = []
+    written: dict[str, dict[str, Any]] = {}  # one file per fallback scheme, whichever rules name it
     for rule in profile.fallbacks_for(scheme):
         path = folder / fallback_file(rule.scheme)
         channels = per_channel or rule.scheme == "weight-only"
-        if not path.is_file():
+        if path.name not in written:
             q = build_quantizer(float_dir / "model.tflite", rule.scheme, channels, float_layers, full_integer)
-            write_model(q, rule.scheme, calibration, path)
-        # the fallback is int8 too: every large constant, as for the primary model
-        scopes = [LOGITS_SCOPE, *(layer_scope(layer) for layer in float_layers)]
-        require_int8_constants(path.name, tflite_float_constants(path, scopes))
+            written[path.name] = write_checked(q, rule.scheme, calibration, path, float_layers)
         entries.append(
             {
                 "path": path.name,
@@ -188,12 +209,7 @@ def write_fallbacks(
                 "scheme": rule.scheme,
                 "reason": rule.reason,
                 "quantization": quantization_record(
-                    rule.scheme,
-                    channels,
-                    full_integer,
-                    calibration,
-                    float_layers,
-                    tflite_float_constants(path),
+                    rule.scheme, channels, full_integer, calibration, float_layers, **written[path.name]
                 ),
                 "runtime": runtime_contract(path, [rule.interpreter], profile.name),
             }
@@ -229,13 +245,10 @@ def quantize_tflite(
     q = build_quantizer(float_dir / "model.tflite", scheme, per_channel, float_layers, full_integer)
     with atomic_dir(out_dir) as folder:
         target = folder / "model.tflite"
-        write_model(q, scheme, calibration, target)
         artifact = name or Path(out_dir).name
-        kept_float = tflite_float_constants(target)
-        scopes = [LOGITS_SCOPE, *(layer_scope(layer) for layer in float_layers)]
-        require_int8_constants(artifact, tflite_float_constants(target, scopes))
+        written = write_checked(q, scheme, calibration, target, float_layers, artifact)
         quantization = quantization_record(
-            scheme, per_channel, full_integer, calibration, float_layers, kept_float
+            scheme, per_channel, full_integer, calibration, float_layers, **written
         )
         fallbacks = (
             write_fallbacks(

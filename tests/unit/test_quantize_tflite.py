@@ -12,7 +12,13 @@ from compress.export import SAMPLE_TEXTS, input_names
 from compress.export.tflite import export_tflite
 from compress.models import load_classifier
 from compress.quantize import predict_logits
-from compress.quantize.tflite import layer_scope, quantize_tflite, signature_feeds
+from compress.quantize.tflite import (
+    build_quantizer,
+    layer_scope,
+    quantize_tflite,
+    signature_feeds,
+    write_model,
+)
 from compress.targets import TargetProfile, load_target
 
 TENSOR = (
@@ -260,3 +266,74 @@ def test_a_fallback_that_keeps_large_float_constants_fails_quantize(tmp_path, ti
     ):
         quantize_tflite(float_dir, tmp_path / "pi", scheme="dynamic", profile=pi_profile())
     assert not (tmp_path / "pi").exists()
+
+
+def test_int8_files_share_quantization_parameters_and_drop_inner_names_with_identical_logits(
+    tmp_path, tiny_tflite
+):
+    """Every signature is a subgraph that repeats each tensor's name and per-channel scales; the int8 file
+    stores each distinct set of parameters once and short inner names, and computes exactly as before."""
+    from ai_edge_quantizer.utils import tfl_flatbuffer_utils
+
+    from compress.quantize.tflite_compact import compact_tflite, compacted
+
+    float_dir, calibration = tiny_tflite
+    manifest = quantize_tflite(float_dir, tmp_path / "pi", scheme="dynamic", profile=pi_profile())
+    for record in [manifest["quantization"], manifest["fallbacks"][0]["quantization"]]:
+        compaction = record["compaction"]
+        assert compaction["bytes_after"] < compaction["bytes_before"]
+    primary = tmp_path / "pi" / "model.tflite"
+    assert primary.stat().st_size == manifest["quantization"]["compaction"]["bytes_after"]
+    model = tfl_flatbuffer_utils.read_model(str(primary))
+    inner = [t.name for g in model.subgraphs for t in g.tensors]
+    assert max(len(name) for name in inner) < 40  # module paths are gone; signature names stay
+    assert {b"seq_16", b"seq_32"} == {s.signatureKey for s in model.signatureDefs}
+    # an uncompacted copy of the same int8 model computes bit-identically to the compacted one
+    original = tmp_path / "original.tflite"
+    q = build_quantizer(float_dir / "model.tflite", "dynamic", True, [], False)
+    write_model(q, "dynamic", None, original)
+    assert original.stat().st_size > primary.stat().st_size
+    feeds = {key: samples[0] for key, samples in calibration.items()}
+    assert _signature_logits(original, feeds).keys() == {"seq_16", "seq_32"}
+    for key, want in _signature_logits(original, feeds).items():
+        np.testing.assert_array_equal(_signature_logits(primary, feeds)[key], want)
+    # sharing is real: one parameters object serves the same weight in every subgraph
+    shared = compacted(tfl_flatbuffer_utils.read_model(str(original)))
+    params = [t.quantization for g in shared.subgraphs for t in g.tensors if t.quantization is not None]
+    assert len({id(p) for p in params}) < len(params)
+    # a second pass finds nothing left to drop and keeps the file as it is
+    again = compact_tflite(primary)
+    assert again["bytes_after"] == again["bytes_before"] == primary.stat().st_size
+
+
+def _signature_logits(path, feeds):
+    from ai_edge_litert.interpreter import Interpreter
+
+    interpreter = Interpreter(model_path=str(path))
+    return {key: interpreter.get_signature_runner(key)(**inputs)["logits"] for key, inputs in feeds.items()}
+
+
+def test_a_compacted_model_that_computes_differently_is_refused(tmp_path, tiny_tflite, monkeypatch):
+    """The rewrite is checked, not trusted: logits that change fail quantize with one line, and the
+    original file is left as it was."""
+    import compress.quantize.tflite_compact as compact
+
+    float_dir, _ = tiny_tflite
+    path = tmp_path / "model.tflite"
+    write_model(
+        build_quantizer(float_dir / "model.tflite", "dynamic", True, [], False), "dynamic", None, path
+    )
+    before = path.read_bytes()
+    real = compact._logits
+    calls = []
+
+    def drifting(p, feeds):
+        out = real(p, feeds)
+        calls.append(p)
+        return {k: v + 1e-3 for k, v in out.items()} if len(calls) == 2 else out
+
+    monkeypatch.setattr(compact, "_logits", drifting)
+    with pytest.raises(ExportError, match="compacted model's logits differ"):
+        compact.compact_tflite(path)
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["model.tflite"]
