@@ -1,14 +1,20 @@
-"""Pieces every training stage shares: tokenising splits, the optimiser schedule, evaluation, seeds.
+"""Pieces every training stage shares: tokenising splits, the optimiser schedule, one training
+epoch, keeping the best epoch, evaluation, seeds.
 
-The loops themselves run on Hugging Face Accelerate, so the same stage runs single-process by
-default and data-parallel under ``accelerate launch`` / ``torchrun`` without code changes.
+There is one training loop: fine-tuning is distillation with the hard-label term only, so both
+stages run ``run_epoch`` and keep their best epoch with ``BestKeeper``; what differs is the loss of
+a batch and how an epoch is scored. It runs on Hugging Face Accelerate, so the same stage runs
+single-process by default and data-parallel under ``accelerate launch`` / ``torchrun`` without
+code changes.
 """
 
 from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -16,6 +22,8 @@ import torch
 
 from compress.data import Split
 from compress.errors import TrainingError
+from compress.io import atomic_dir
+from compress.terminal import progress
 
 
 def set_seed(seed: int) -> None:
@@ -108,6 +116,101 @@ def check_finite(loss: torch.Tensor, step: int, stage: str) -> None:
         raise TrainingError(
             f"{stage}: loss became {loss.item()} at step {step}; lower the learning rate or check the data"
         )
+
+
+class BestKeeper:
+    """Keeps the best epoch: its weights in memory (unless ``in_memory`` is off) and, written by the
+    main process only, as a checkpoint in ``folder``, so a run that later fails still leaves its last
+    good model behind, and the error says where.
+
+    ``save(folder)`` writes the checkpoint; it is passed in because saving a model belongs to
+    ``compress.models``, a layer above this module.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        folder: Path,
+        save: Callable[[Path], None],
+        *,
+        writer: bool,
+        stage: str,
+        in_memory: bool = True,
+    ):
+        self.model, self.folder, self.save, self.writer = model, folder, save, writer
+        self.stage, self.in_memory = stage, in_memory
+        self.score: float | None = None
+        self.state: dict[str, torch.Tensor] | None = None
+        self.saved = False
+        """Whether ``folder`` holds a kept epoch (it still does after ``restart``)."""
+        self.waited = 0
+        """Epochs offered since the last best one: what patience is counted against."""
+        self.step = 0
+
+    def restart(self) -> None:
+        """Choose among the epochs from here on only (their scores are not comparable with earlier ones)."""
+        self.score, self.waited = None, 0
+
+    def offer(self, score: float) -> bool:
+        """Record an epoch's eval score; True (and the epoch kept) when it beats every earlier one."""
+        if self.score is not None and score <= self.score:
+            self.waited += 1
+            return False
+        self.score, self.waited, self.saved = score, 0, True
+        if self.in_memory:
+            self.state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        if self.writer:
+            with atomic_dir(self.folder) as tmp:
+                self.save(tmp)
+        return True
+
+    def check(self, total: torch.Tensor) -> None:
+        """Stop on a non-finite loss, naming the step and where the last good checkpoint is."""
+        try:
+            check_finite(total, self.step, self.stage)
+        except TrainingError as exc:
+            kept = f"last good checkpoint: {self.folder}" if self.saved else "no checkpoint was saved yet"
+            raise TrainingError(f"{exc}; {kept}") from None
+        self.step += 1
+
+
+def run_epoch(
+    model: torch.nn.Module,
+    loader: torch.utils.data.DataLoader,
+    accelerator: Any,
+    optimizer: torch.optim.Optimizer,
+    schedule: torch.optim.lr_scheduler.LRScheduler,
+    *,
+    loss: Callable[[Any], dict[str, torch.Tensor]],
+    check: Callable[[torch.Tensor], None],
+    max_grad_norm: float | None,
+    label: str,
+) -> dict[str, float]:
+    """One pass over ``loader``, ``loss(batch)`` giving the batch's terms (``"total"`` is trained);
+    returns each term's mean over the epoch, averaged over processes.
+
+    The total is reduced across ranks before ``check`` sees it, so a non-finite loss on any rank
+    stops every rank at the same step rather than leaving the others waiting in the next collective.
+    The means are summed in float64 so that a long epoch's mean does not drift with its length.
+    """
+    model.train()
+    sums: dict[str, torch.Tensor] = {}
+    bar = progress(loader, desc=label, disable=not accelerator.is_main_process, leave=False)
+    for batch in bar:
+        terms = loss(batch)
+        total = accelerator.reduce(terms["total"].detach().clone(), "mean")
+        check(total)
+        accelerator.backward(terms["total"])
+        if max_grad_norm is not None:
+            accelerator.clip_grad_norm_(model.parameters(), max_grad_norm)
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad()
+        for name, value in terms.items():
+            sums[name] = sums.get(name, torch.zeros((), dtype=torch.float64)) + value.detach().double().cpu()
+        bar.set_postfix(loss=f"{total.item():.4f}")
+    device = accelerator.device
+    return {name: float(accelerator.reduce((v / len(loader)).to(device), "mean")) for name, v in sums.items()}
 
 
 @torch.no_grad()

@@ -1,14 +1,14 @@
-"""One epoch of distillation, the data it draws, and keeping the best epoch's weights.
+"""One epoch of distillation and the data it draws.
 
-Every rank runs the same code on its shard; the loss is reduced across ranks before the
-finiteness check so all ranks stop together.
+The epoch itself is ``compress.training.run_epoch``, the loop fine-tuning runs too; what is
+distillation's own is the batch's loss (the teacher's targets for the batch, the MLM masking) and
+the optimiser a training step starts afresh.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -17,11 +17,13 @@ from compress.distill.config import INTERMEDIATE_TERMS, DistillOptions
 from compress.distill.data import TransferData
 from compress.distill.losses import Masker
 from compress.distill.objective import DistillModule, Phase
-from compress.errors import TrainingError
-from compress.io import atomic_dir
-from compress.models import save_checkpoint
-from compress.terminal import progress
-from compress.training import check_finite, classification_metrics, optimizer_and_schedule, predict_logits
+from compress.training import (
+    BestKeeper,
+    classification_metrics,
+    optimizer_and_schedule,
+    predict_logits,
+    run_epoch,
+)
 
 
 def evaluate(student: Any, data: TransferData, batch_size: int) -> dict[str, float]:
@@ -53,43 +55,6 @@ def mlm_batch(masker: Masker | None, data: TransferData, static: Any, batch: dic
     offsets = data.offsets[batch["index"].cpu()] if data.offsets is not None else None
     masked, labels = masker(batch["input_ids"].cpu(), offsets)
     return masked.to(batch["input_ids"].device), labels.to(batch["input_ids"].device)
-
-
-class BestKeeper:
-    """Keeps the best epoch's weights in memory and (main process only) as a checkpoint on disk,
-    so a run that later fails still leaves its last good student behind."""
-
-    def __init__(self, student: Any, tokenizer: Any, folder: Path, writer: bool):
-        self.student, self.tokenizer, self.folder, self.writer = student, tokenizer, folder, writer
-        self.score: float | None = None
-        self.state: dict[str, torch.Tensor] | None = None
-        self.waited = 0
-        self.step = 0
-
-    def restart(self) -> None:
-        """Choose among the epochs from here on only (their scores are not comparable with earlier ones)."""
-        self.score, self.waited = None, 0
-
-    def offer(self, score: float) -> bool:
-        """Record an epoch's eval score; True when it is the best so far."""
-        if self.score is not None and score <= self.score:
-            self.waited += 1
-            return False
-        self.score, self.waited = score, 0
-        self.state = {k: v.detach().clone() for k, v in self.student.state_dict().items()}
-        if self.writer:
-            with atomic_dir(self.folder) as tmp:
-                save_checkpoint(self.student, self.tokenizer, tmp)
-        return True
-
-    def check(self, total: torch.Tensor) -> None:
-        """Stop on a non-finite loss, naming the step and where the last good checkpoint is."""
-        try:
-            check_finite(total, self.step, "distill")
-        except TrainingError as exc:
-            where = f"last good checkpoint: {self.folder}" if self.state is not None else "no checkpoint yet"
-            raise TrainingError(f"{exc}; {where}") from None
-        self.step += 1
 
 
 @dataclass
@@ -126,28 +91,24 @@ class Loop:
 
     def epoch(self, label: str) -> dict[str, float]:
         """One pass over the transfer set; each loss term's mean (averaged over processes)."""
-        acc = self.accelerator
-        self.model.train()
-        sums: dict[str, torch.Tensor] = {}
-        bar = progress(self.loader, desc=label, disable=not acc.is_main_process, leave=False)
-        for batch in bar:
+        device = self.accelerator.device
+
+        def terms(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
             length = int(batch["attention_mask"].sum(dim=1).max())
-            target = to_device(self.data.targets.batch(batch["index"], length, self.layers), acc.device)
-            terms = self.model(batch, target, self.masking(batch))
-            total = acc.reduce(terms["total"].detach().clone(), "mean")
-            self.best.check(total)
-            acc.backward(terms["total"])
-            if self.options.max_grad_norm is not None:
-                acc.clip_grad_norm_(self.model.parameters(), self.options.max_grad_norm)
-            self.optimizer.step()
-            self.schedule.step()
-            self.optimizer.zero_grad()
-            for name, value in terms.items():
-                sums[name] = sums.get(name, torch.zeros(())) + value.detach().float().cpu()
-            bar.set_postfix(loss=f"{total.item():.4f}")
-        return {
-            name: float(acc.reduce((v / len(self.loader)).to(acc.device), "mean")) for name, v in sums.items()
-        }
+            target = to_device(self.data.targets.batch(batch["index"], length, self.layers), device)
+            return self.model(batch, target, self.masking(batch))
+
+        return run_epoch(
+            self.model,
+            self.loader,
+            self.accelerator,
+            self.optimizer,
+            self.schedule,
+            loss=terms,
+            check=self.best.check,
+            max_grad_norm=self.options.max_grad_norm,
+            label=label,
+        )
 
 
 def to_device(target: dict[str, Any], device: torch.device) -> dict[str, Any]:

@@ -16,12 +16,13 @@ import torch
 
 from compress.distill.config import DistillOptions
 from compress.distill.data import prepare_transfer
-from compress.distill.loop import BestKeeper, Loop, evaluate, mlm_batch, train_loader
+from compress.distill.loop import Loop, evaluate, mlm_batch, train_loader
 from compress.distill.losses import Masker
 from compress.distill.objective import DistillModule, phases
 from compress.distill.qat import fake_int8
+from compress.models import save_checkpoint
 from compress.stage_context import StageContext
-from compress.training import set_seed
+from compress.training import BestKeeper, set_seed
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +74,13 @@ def distill_model(
     model = accelerator.prepare(module)
 
     key = "accuracy" if data.eval_labels is not None else "agreement"
-    best = BestKeeper(student, tokenizer, checkpoint_dir, accelerator.is_main_process)
+    best = BestKeeper(
+        student,
+        checkpoint_dir,
+        lambda folder: save_checkpoint(student, tokenizer, folder),
+        writer=accelerator.is_main_process,
+        stage="distill",
+    )
     loop = Loop(
         model, loader, accelerator, data, options, best, lambda batch: mlm_batch(masker, data, static, batch)
     )

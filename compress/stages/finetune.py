@@ -16,7 +16,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from compress.errors import DataError, TrainingError
+from compress.errors import DataError
 from compress.stages.base import StageConfig, StageContext, StageResult
 from compress.stages.registry import register_stage
 
@@ -54,21 +54,22 @@ def _copy_teacher(ctx: StageContext) -> None:
     save_checkpoint(model, tokenizer, ctx.out_dir)
 
 
-def _train(ctx: StageContext, cfg: FinetuneConfig, best_dir: Path) -> dict:
-    """The training loop; the best epoch is saved to ``best_dir``, outside the stage's temporary folder."""
+def _train(ctx: StageContext, cfg: FinetuneConfig, best_dir: Path) -> tuple[dict, bool]:
+    """Distillation's loop with the hard-label loss only, every epoch run; the epoch with the best
+    eval accuracy is saved to ``best_dir``, outside the stage's temporary folder. Returns the metrics
+    and whether this is the main process (the only one that writes files in a data-parallel run)."""
     import torch
     from accelerate import Accelerator
 
-    from compress.io import atomic_dir
     from compress.models import count_parameters, load_classifier, save_checkpoint
-    from compress.terminal import progress
     from compress.training import (
-        check_finite,
+        BestKeeper,
         classification_metrics,
         encode,
         forward_inputs,
         optimizer_and_schedule,
         predict_logits,
+        run_epoch,
         set_seed,
     )
 
@@ -95,53 +96,52 @@ def _train(ctx: StageContext, cfg: FinetuneConfig, best_dir: Path) -> dict:
         total_steps=cfg.epochs * len(loader),
     )
     model, optimizer, loader, schedule = accelerator.prepare(model, optimizer, loader, schedule)
+    unwrapped = accelerator.unwrap_model(model)
+    # the weights are read back from best_dir, so no copy is kept in memory (it would double the teacher's)
+    best = BestKeeper(
+        unwrapped,
+        best_dir,
+        lambda folder: save_checkpoint(unwrapped, tokenizer, folder),
+        writer=accelerator.is_main_process,
+        stage="finetune",
+        in_memory=False,
+    )
 
-    start, step, best, history = time.time(), 0, -1.0, []
+    def loss(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        # the wrapped model computes (data-parallel gradients); the unwrapped one has the config
+        return {"total": model(**forward_inputs(unwrapped, batch), labels=batch["labels"]).loss}
+
+    start, history = time.time(), []
     for epoch in range(cfg.epochs):
-        model.train()
-        bar = progress(
+        means = run_epoch(
+            model,
             loader,
-            desc=f"finetune epoch {epoch + 1}/{cfg.epochs}",
-            leave=False,
-            disable=not accelerator.is_main_process,
+            accelerator,
+            optimizer,
+            schedule,
+            loss=loss,
+            check=best.check,
+            max_grad_norm=cfg.max_grad_norm,
+            label=f"finetune epoch {epoch + 1}/{cfg.epochs}",
         )
-        losses = []
-        for batch in bar:
-            out = model(**forward_inputs(model, batch), labels=batch["labels"])
-            try:
-                check_finite(out.loss, step, "finetune")
-            except TrainingError as exc:
-                kept = f"last good checkpoint: {best_dir}" if best >= 0 else "no checkpoint was saved yet"
-                raise TrainingError(f"{exc}; {kept}") from None
-            accelerator.backward(out.loss)
-            accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
-            optimizer.step()
-            schedule.step()
-            optimizer.zero_grad()
-            losses.append(out.loss.item())
-            step += 1
-            bar.set_postfix(loss=f"{losses[-1]:.4f}")
-        unwrapped = accelerator.unwrap_model(model)
         metrics = classification_metrics(predict_logits(unwrapped, eval_enc), evals.labels)
-        history.append({"epoch": epoch + 1, "train_loss": sum(losses) / len(losses), **metrics})
+        history.append({"epoch": epoch + 1, "train_loss": means["total"], **metrics})
         log.info(
             "finetune epoch %d: loss %.4f eval accuracy %.4f",
             epoch + 1,
             history[-1]["train_loss"],
             metrics["accuracy"],
         )
-        if metrics["accuracy"] > best and accelerator.is_main_process:
-            best = metrics["accuracy"]
-            with atomic_dir(best_dir) as tmp:
-                save_checkpoint(unwrapped, tokenizer, tmp)
+        best.offer(metrics["accuracy"])
     accelerator.wait_for_everyone()
-    return {
-        "eval_accuracy": best,
+    metrics = {
+        "eval_accuracy": best.score,
         "best_epoch": max(history, key=lambda h: h["accuracy"])["epoch"],
         "history": history,
-        "parameters": count_parameters(accelerator.unwrap_model(model)),
+        "parameters": count_parameters(unwrapped),
         "train_seconds": round(time.time() - start, 2),
     }
+    return metrics, accelerator.is_main_process
 
 
 @register_stage("finetune", FinetuneConfig, sets_teacher=True)
@@ -156,6 +156,7 @@ def run(ctx: StageContext) -> StageResult:
         _copy_teacher(ctx)
         return StageResult(info={"skipped": "the teacher is already a classifier for the task's labels"})
     best_dir = ctx.cache_dir / "finetune" / f"best-{ctx.index:02d}"
-    metrics = _train(ctx, cfg, best_dir)
-    _copy_files(best_dir, ctx.out_dir)
+    metrics, is_main_process = _train(ctx, cfg, best_dir)
+    if is_main_process:
+        _copy_files(best_dir, ctx.out_dir)
     return StageResult(metrics=metrics)
