@@ -151,6 +151,27 @@ def _check_files(recipe: Any, path: Path, lines: dict[Loc, int]) -> None:
         if not folder.is_dir():
             fail(("teacher", "path"), f"folder not found: {folder}; point it at a Hugging Face model folder")
         _check_positions(recipe, folder / "config.json", fail)
+    _check_stage_targets(recipe, fail)
+
+
+def _check_stage_targets(recipe: Any, fail: Any) -> None:
+    """What the export and quantize stages would refuse once they run (after distillation), refused now:
+    a stage's targets must be the recipe's, and each target's profile must allow the stage's scheme."""
+    from compress.stages.export import select_targets
+    from compress.stages.quantize import check_scheme, schemes_by_target
+
+    profiles = [recipe.target_profile(name) for name in recipe.targets]
+    for index, stage in enumerate(recipe.stages):
+        if stage.type not in ("export", "quantize"):
+            continue
+        try:
+            chosen = select_targets(profiles, stage.targets, stage.type, f"{stage.type}.targets")
+            if stage.type == "quantize":
+                schemes = schemes_by_target(stage, [profile.name for profile in chosen])
+                for profile in chosen:
+                    check_scheme(profile, stage, schemes[profile.name])
+        except RecipeError as exc:
+            fail(("stages", index), str(exc))
 
 
 def _data_file_problem(file: Path) -> str | None:

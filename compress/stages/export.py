@@ -32,9 +32,14 @@ class ExportConfig(StageConfig):
 
 def stage_targets(ctx: StageContext, names: list[str] | None, key: str) -> list[Any]:
     """The target profiles a stage works on: the recipe's, or the subset the stage names."""
-    profiles = ctx.targets()
+    return select_targets(ctx.targets(), names, ctx.config.type, key)
+
+
+def select_targets(profiles: list[Any], names: list[str] | None, stage_type: str, key: str) -> list[Any]:
+    """``profiles`` (the recipe's targets), or the subset ``names`` lists; ``compress validate`` runs this
+    on every export and quantize stage before anything trains, and the stage again when it runs."""
     if not profiles:
-        raise RecipeError(f"{ctx.config.type}: the recipe lists no targets; add e.g. targets: [arm64-onnx]")
+        raise RecipeError(f"{stage_type}: the recipe lists no targets; add e.g. targets: [arm64-onnx]")
     if names is None:
         return profiles
     known = {p.name: p for p in profiles}

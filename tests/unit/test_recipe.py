@@ -218,3 +218,26 @@ def test_pair_only_and_onnx_only_options_are_refused_at_load_before_anything_run
         in (tflite_only)
     )
     load_recipe(write(tmp_path, recipe_text(reviews, "targets: [raspberry-pi-4, arm64-onnx]\n", int4)))
+
+
+def test_targets_and_schemes_the_export_and_quantize_stages_would_refuse_are_refused_at_load(
+    tmp_path, reviews
+):
+    """Target/scheme mistakes used to surface only when the quantize stage ran, after distillation;
+    ``load_recipe`` (``compress validate``, ``compress run``'s first step) now names them with the line."""
+    weight_only = "  - type: distill\n  - type: quantize\n    scheme: weight-only\n"
+    message = error_of(write(tmp_path, recipe_text(reviews, "targets: [arm64-onnx]\n", weight_only)))
+    assert "r.yaml:" in message and "stages[1]" in message
+    assert "quantize.scheme: target 'arm64-onnx' allows ['dynamic', 'static'], not 'weight-only'" in message
+    mapping = "  - type: quantize\n    scheme: {raspberry-pi-4: weight-only}\n"
+    message = error_of(
+        write(tmp_path, recipe_text(reviews, "targets: [raspberry-pi-4, arm64-onnx]\n", mapping))
+    )
+    assert "stages[0]" in message and "no scheme for target 'arm64-onnx'" in message
+    subset = "  - type: export\n    targets: [android-arm64]\n"
+    message = error_of(write(tmp_path, recipe_text(reviews, "targets: [arm64-onnx]\n", subset)))
+    assert "export.targets: ['android-arm64'] are not in the recipe's targets ['arm64-onnx']" in message
+    none = "  - type: export\n"
+    assert "export: the recipe lists no targets" in error_of(write(tmp_path, recipe_text(reviews, "", none)))
+    fine = "  - type: quantize\n    scheme: {raspberry-pi-4: weight-only, arm64-onnx: dynamic}\n"
+    load_recipe(write(tmp_path, recipe_text(reviews, "targets: [raspberry-pi-4, arm64-onnx]\n", fine)))
