@@ -55,6 +55,17 @@ ABLATIONS: list[tuple[str, dict[str, Any]]] = [
             "intermediate_epochs": 1,
         },
     ),
+    # Issue 16: which teacher layers the student starts from. every-other (0, 2, 4) drops the teacher's
+    # last layer, so the student's top layer starts from one the pooler and classifier never read;
+    # these keep it (0, 2, 5: the first and last; 1, 3, 5: every other from the top).
+    ("soft, init 0-2-5", {"layers": 3, "init": [0, 2, 5], "weights": {"soft": 1.0}}),
+    ("soft, init 1-3-5", {"layers": 3, "init": [1, 3, 5], "weights": {"soft": 1.0}}),
+    # Issue 16, more transfer data that reads like the task's own: phrases cut from each training
+    # sentence (contiguous word spans), teacher-labelled, as SST-2's phrase-level set was cut from its trees.
+    (
+        "soft+spans x4",
+        {"layers": 3, "weights": {"soft": 1.0}, "augment": {"method": "spans", "multiplier": 4}},
+    ),
     # Issue 16, pair tasks: every training pair also in the other order (teacher-labelled), which
     # doubles MRPC's 3,302-pair transfer set without inventing words.
     (

@@ -1,8 +1,10 @@
-"""TinyBERT-style data augmentation: new sentences by swapping words for similar ones.
+"""TinyBERT-style data augmentation: new sentences by swapping words for similar ones, or phrases cut
+from the sentences.
 
 A small task set gives the student too few chances to see how the teacher behaves; variants of
 each sentence with some words replaced (by a masked LM's guesses in context, or by neighbours in
-the teacher's word-embedding space) widen it cheaply. The new rows have no gold label: the
+the teacher's word-embedding space), or contiguous spans of its words (``method: spans``), widen it
+cheaply. The new rows have no gold label: the
 teacher labels them through the cached logits. Only words that are one token are replaced;
 the rest of the text is kept character for character.
 """
@@ -115,6 +117,22 @@ def variant(text: str, spans: list[Slot], choices: list[list[str]], prob: float,
     return "".join([*out, text[last:]])
 
 
+def span_variants(text: str, count: int, rng: random.Random) -> list[str]:
+    """``count`` contiguous word spans of ``text`` (at least two words, shorter than the text): real
+    phrases of real sentences, the way SST-2's phrase-level training set was cut from its sentences,
+    so the teacher is asked about text as natural as the task's own. A text of under three words
+    comes back as itself."""
+    words = text.split()
+    if len(words) < 3:
+        return [text] * count
+    out = []
+    for _ in range(count):
+        length = rng.randint(2, len(words) - 1)
+        start = rng.randint(0, len(words) - length)
+        out.append(" ".join(words[start : start + length]))
+    return out
+
+
 def augment_texts(
     texts: list[str],
     tokenizer: Any,
@@ -127,6 +145,9 @@ def augment_texts(
 
     ``mlm_folder``: the masked LM of ``method: mlm`` (default: ``options.mlm_model``).
     """
+    if options.method == "spans":
+        rng = random.Random(seed)
+        return [span_variants(text, options.multiplier, rng) for text in texts]
     words = word_tokens(tokenizer)
     wordset = set(words.tolist())
     spans = [slots(tokenizer, t, wordset) for t in progress(texts, desc="augment: word slots", leave=False)]

@@ -125,7 +125,9 @@ class AugmentOptions(Strict):
 
     multiplier: int = Field(4, ge=0)
     """Variants per row (0: none, for ``swap_pairs`` alone)."""
-    method: Literal["embedding", "mlm"] = "embedding"
+    method: Literal["embedding", "mlm", "spans"] = "embedding"
+    """embedding/mlm: words swapped for neighbours or a masked LM's guesses (``candidates``,
+    ``replace_prob``); spans: contiguous phrases of each text's words, two words up to all but one."""
     mlm_model: str | None = None
     """A masked-LM folder sharing the teacher's vocabulary (method: mlm); unset: fit one on the
     teacher's encoder (``proposer``)."""

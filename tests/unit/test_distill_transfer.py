@@ -236,3 +236,31 @@ def test_swap_pairs_needs_a_pair_task_and_rows_to_add(tmp_path, tiny_bert_dir):
         )
     with pytest.raises(ValidationError, match="augment adds no rows with multiplier: 0"):
         AugmentOptions(multiplier=0)
+
+
+def test_span_augmentation_cuts_contiguous_phrases_of_each_text(tmp_path, tiny_bert_dir):
+    """``method: spans``: every variant is a run of two or more consecutive words of its own text,
+    shorter than the text; texts under three words come back as they are; same seed, same spans."""
+    teacher, tokenizer = load_classifier(tiny_bert_dir)
+    options = AugmentOptions(method="spans", multiplier=5)
+    rows = augment_split(split(), tokenizer, teacher, options, seed=0, cache_dir=tmp_path, teacher_sha="t")
+    assert len(rows) == 5 * len(TEXTS) and rows.labels is None and rows.pairs is None
+    for i, text in enumerate(TEXTS):
+        words = text.split()
+        for new in rows.texts[5 * i : 5 * i + 5]:
+            if len(words) < 3:
+                assert new == text
+                continue
+            cut = new.split()
+            assert 2 <= len(cut) < len(words)
+            assert any(words[s : s + len(cut)] == cut for s in range(len(words) - len(cut) + 1))
+    long = rows.texts[10:15]  # "it is a very slow and rude hotel !": 9 words, so the spans differ
+    assert len(set(long)) > 1
+    again = augment_split(
+        split(), tokenizer, teacher, options, seed=0, cache_dir=tmp_path / "b", teacher_sha="t"
+    )
+    assert again.texts == rows.texts
+    other = augment_split(
+        split(), tokenizer, teacher, options, seed=1, cache_dir=tmp_path / "c", teacher_sha="t"
+    )
+    assert other.texts != rows.texts
