@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from compress.errors import DataError, ModelError, RecipeError
+from compress.run_layout import CACHE_DIR, MANIFEST_FILE
 from compress.stage_context import FinishedStage, StageContext
 
 if TYPE_CHECKING:
@@ -298,7 +299,7 @@ def stage_context(
         teacher_dir=teacher_dir,
         input_dir=input_dir,
         previous=list(previous),
-        cache_dir=Path(cache_dir).resolve() if cache_dir else out.parent / ".cache",
+        cache_dir=Path(cache_dir).resolve() if cache_dir else out.parent / CACHE_DIR,
         seed=recipe.seed,
         _splits=splits,
     )
@@ -355,7 +356,7 @@ def _call(
 
     config = _options(get_stage(stage).config_cls, stage, options)
     out = Path(out_dir).expanduser().resolve()
-    cache = Path(cache_dir).resolve() if cache_dir else out.parent / ".cache"
+    cache = Path(cache_dir).resolve() if cache_dir else out.parent / CACHE_DIR
     with contextlib.ExitStack() as stack:
         input_dir = stack.enter_context(_model_dir(model))
         teacher_dir = input_dir if teacher is None else stack.enter_context(_model_dir(teacher))
@@ -536,7 +537,7 @@ def _export_folder(model: Any) -> tuple[Path, Path, dict[str, Any]] | None:
         folder = Path(model).expanduser().resolve()
     else:
         return None
-    path = folder / "manifest.json"
+    path = folder / MANIFEST_FILE
     if not path.is_file():
         return None
     manifest = read_json(path)

@@ -35,6 +35,7 @@ from pydantic import Field, StrictStr
 from compress.errors import CompressError
 from compress.io import atomic_path, check_model, sha256_file
 from compress.model_card import bundle_usage, model_card
+from compress.run_layout import CARD_FILE, MANIFEST_FILE, REPORT_FILE
 from compress.subjects import REDO_ARTIFACT, Open, SafePath, read_artifact_manifest, read_labels
 
 log = logging.getLogger(__name__)
@@ -65,7 +66,7 @@ class ModelChoice(Open):
 
 def check_fallbacks(artifact: Path, source: dict[str, Any], listed: set[str]) -> None:
     """Each fallback model is a .tflite file inside the folder that the manifest lists with its sha256."""
-    path = artifact / "manifest.json"
+    path = artifact / MANIFEST_FILE
     choice = check_model(path, source, ModelChoice, redo=REDO_ARTIFACT)
     if choice.fallbacks and choice.format != "tflite":
         raise CompressError(
@@ -193,15 +194,13 @@ def bundle_files(
     source = checked.model_dump(by_alias=True)
     model_file = f"model.{checked.format}"
     if model_file not in {entry.path for entry in checked.files}:
-        raise CompressError(
-            f"{artifact / 'manifest.json'}: files does not list {model_file}; {REDO_ARTIFACT}"
-        )
+        raise CompressError(f"{artifact / MANIFEST_FILE}: files does not list {model_file}; {REDO_ARTIFACT}")
     files: dict[str, bytes] = {}
     for entry in checked.files:
         path = artifact / entry.path
         if not path.resolve().is_relative_to(artifact.resolve()):
             raise CompressError(
-                f"{artifact / 'manifest.json'}: {entry.path!r} links outside the artifact folder; "
+                f"{artifact / MANIFEST_FILE}: {entry.path!r} links outside the artifact folder; "
                 f"{REDO_ARTIFACT}"
             )
         if not path.is_file() or sha256_file(path) != entry.sha256:
@@ -233,12 +232,12 @@ def bundle_files(
     card_source = {**manifest, "source": {**(source.get("source") or {}), "check": source.get("check")}}
     pair = bool(manifest["task"].get("text_pair"))
     usage = bundle_usage(bundle_name, pair, kit=app_kit)
-    files["README.md"] = model_card(card_source, labels, report, model_sha, usage).encode()
+    files[CARD_FILE] = model_card(card_source, labels, report, model_sha, usage).encode()
     manifest["files"] = [
         {"path": name, "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
         for name, data in sorted(files.items())
     ]
-    files["manifest.json"] = (json.dumps(manifest, indent=2, default=str) + "\n").encode()
+    files[MANIFEST_FILE] = (json.dumps(manifest, indent=2, default=str) + "\n").encode()
     return files
 
 
@@ -276,7 +275,7 @@ def make_bundle(
     artifact = choose_artifact(run_dir, target)
     folder = f"{run_dir.resolve().name}-{target}"
     out = Path(out_file) if out_file else run_dir / "bundles" / f"{folder}.tar.gz"
-    report_file = run_dir / "report.json"
+    report_file = run_dir / REPORT_FILE
     report = load_report(report_file) if report_file.exists() else None
     kit = is_phone_target(target) if app_kit is None else app_kit
     files = bundle_files(artifact, profile.threads, f"{folder}.tar.gz", report, app_kit=kit)

@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 
 from compress.errors import CompressError
+from compress.run_layout import MANIFEST_FILE
 
 
 def _megabytes(size: int) -> str:
@@ -59,7 +60,7 @@ def recipe_min_agreement(run_dir: Path) -> float | None:
             continue
         if isinstance(loss, bool) or not isinstance(loss, (int, float)) or not 0 <= loss <= 1:
             raise CompressError(
-                f"{run_dir / stage.dir / 'manifest.json'}: info.tolerable_loss must be a number from 0 "
+                f"{run_dir / stage.dir / MANIFEST_FILE}: info.tolerable_loss must be a number from 0 "
                 f"to 1 (got {loss!r}); {REDO_RUN}, or pass --min-agreement"
             )
         recorded.append(float(loss))

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import click
 
+from compress.run_layout import REPORT_MARKDOWN
+
 _existing = click.Path(path_type=Path)
 """Existence is checked by compress itself, which names the real cause (a symlink loop is not 'missing')."""
 
@@ -64,7 +66,7 @@ def report_command(run: Path, device_results: Path | None) -> None:
     report = regenerate(run, device_results)
     failed = sum(g["verdict"] == "fail" for g in report.get("gates", []))
     gates = f"{len(report.get('gates', []))} gates, {failed} failed" if report.get("gates") else "no gates"
-    click.echo(f"{run / 'report.md'}: {len(report.get('artifacts', []))} artifacts, {gates}")
+    click.echo(f"{run / REPORT_MARKDOWN}: {len(report.get('artifacts', []))} artifacts, {gates}")
 
 
 @click.command("gate")

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from compress.io import sha256_file, sha256_json
+from compress.run_layout import CARD_FILE
 
 _ONNX_WEIGHT_TYPES = {1, 2, 3, 10, 16}  # float, uint8, int8, float16, bfloat16
 _TFLITE_WEIGHT_TYPES = {0, 1, 3, 9, 17, 18}  # float32, float16, uint8, int8, int4, bfloat16
@@ -43,7 +44,7 @@ def total_bytes(folder: Path) -> int:
 
     Not the model card (``README.md`` at the top), which ``compress report`` writes into the folder
     after measuring it: a folder measured again later must weigh the same."""
-    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and p != folder / "README.md")
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and p != folder / CARD_FILE)
 
 
 def _numel(dims: Any) -> int:

@@ -19,6 +19,7 @@ from compress.errors import CompressError, GateFailure
 from compress.io import atomic_path
 from compress.recipe_base import BaselineGates, GatesConfig
 from compress.report_file import load_report
+from compress.run_layout import REPORT_FILE
 
 Entry = dict[str, Any]
 _EPS = 1e-9
@@ -195,7 +196,7 @@ def _known_keys(config: dict[str, Any], model: type[Any], where: str) -> dict[st
     return known
 
 
-def gates_from_report(config: Any, where: str = "report.json") -> GatesConfig | None:
+def gates_from_report(config: Any, where: str = REPORT_FILE) -> GatesConfig | None:
     """The ``gates_config`` of a report as a ``GatesConfig``, or one line naming the bad key."""
     from pydantic import ValidationError
 
@@ -218,7 +219,7 @@ def check_gates(
 ) -> list[Verdict]:
     """Every verdict for ``report``: target budgets, absolute gates, then regressions against ``baseline``."""
     if isinstance(gates, dict):
-        gates = gates_from_report(gates, str(report.get("run") or "report.json"))
+        gates = gates_from_report(gates, str(report.get("run") or REPORT_FILE))
     verdicts = budget_verdicts(report, gates) + (absolute_verdicts(report, gates) if gates else [])
     if baseline is not None:
         rules = gates.baseline if gates and gates.baseline else BaselineGates()

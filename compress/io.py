@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from compress.errors import BadFile, CompressError, UnreadableFile
+from compress.run_layout import MANIFEST_FILE
 
 if TYPE_CHECKING:
     from pydantic import BaseModel, ValidationError
@@ -85,7 +86,7 @@ def file_entries(folder: str | Path) -> list[dict[str, Any]]:
     entries = []
     for path in sorted(p for p in root.rglob("*") if p.is_file()):
         rel = path.relative_to(root).as_posix()
-        if rel == "manifest.json":
+        if rel == MANIFEST_FILE:
             continue
         entries.append({"path": rel, "sha256": sha256_file(path), "bytes": path.stat().st_size})
     return entries

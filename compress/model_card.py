@@ -20,10 +20,9 @@ from typing import Any
 import yaml
 
 from compress.errors import CompressError
+from compress.run_layout import CARD_FILE, MANIFEST_FILE
 
 log = logging.getLogger(__name__)
-
-CARD = "README.md"
 
 
 def report_entry(report: dict[str, Any] | None, name: str, model_sha256: str) -> dict[str, Any] | None:
@@ -272,14 +271,14 @@ def write_artifact_cards(report: dict[str, Any]) -> list[Path]:
     for entry in report.get("artifacts") or []:
         path = entry.get("path")
         folder = Path(path) if isinstance(path, str) and path else None
-        if folder is None or not present(folder / "manifest.json"):
+        if folder is None or not present(folder / MANIFEST_FILE):
             continue
         try:
             if not is_artifact_folder(folder):
                 continue
-            write_text_atomic(folder / CARD, artifact_card(folder, report))
+            write_text_atomic(folder / CARD_FILE, artifact_card(folder, report))
         except CompressError as exc:
             log.warning("model card for %s not written: %s", entry.get("name"), exc)
             continue
-        written.append(folder / CARD)
+        written.append(folder / CARD_FILE)
     return written

@@ -26,6 +26,7 @@ from pydantic import Field, StrictBool, StrictInt, StrictStr, model_validator
 from compress.errors import CompressError
 from compress.io import check_model, read_json
 from compress.parity_texts import Case, boundary_texts, pair_cases, single_cases
+from compress.run_layout import MANIFEST_FILE
 from compress.subjects import Open
 
 log = logging.getLogger(__name__)
@@ -343,7 +344,7 @@ class Encoding:
         from tokenizers import Tokenizer
 
         self.runner, self.specs = runner, model_specs(folder, manifest)
-        self.lengths = fixed_lengths(self.specs, folder / "manifest.json")
+        self.lengths = fixed_lengths(self.specs, folder / MANIFEST_FILE)
         limit = runner.token_limit(manifest["max_length"], self.lengths)
         self.encoder = runner.Encoder(folder / "tokenizer.json", limit)
         self.full = Tokenizer.from_str(self.encoder.tokenizer.to_str())

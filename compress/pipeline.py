@@ -30,16 +30,24 @@ from compress.errors import CompressError, RunLockedError
 from compress.io import atomic_dir, file_entries, read_json, sha256_file, sha256_json, write_json_atomic
 from compress.models import folder_weights_sha, resolve_teacher
 from compress.recipe_base import recipe_dir, resolve_path
+from compress.run_layout import (
+    CACHE_DIR,
+    LOCK_FILE,
+    MANIFEST_FILE,
+    PLAN_FILE,
+    REPORT_FILE,
+    RUN_FILE,
+    RUN_LOG,
+    stage_dir_name,
+)
 from compress.stage_context import FinishedStage, StageContext
 from compress.stages import STAGES
-from compress.subjects import PLAN_FILE, PlanFile, recipe_of_plan, run_relative
+from compress.subjects import PlanFile, recipe_of_plan, run_relative
 
 log = logging.getLogger(__name__)
 
 STAGE_SCHEMA = "compress.stage/1"
 RUN_SCHEMA = "compress.run/1"
-RUN_LOG = "run.log"
-LOCK_FILE = ".lock"
 _VERSIONED = (
     "compress",
     "torch",
@@ -130,7 +138,7 @@ def _remove_stale(run_dir: Path) -> None:
 
 def finished_manifest(folder: Path, config_hash: str) -> dict[str, Any] | None:
     """The manifest of ``folder`` if it is a finished stage with this hash, else None."""
-    path = folder / "manifest.json"
+    path = folder / MANIFEST_FILE
     if not path.is_file():
         return None
     try:
@@ -154,10 +162,6 @@ def data_identity(recipe: Any) -> dict[str, Any]:
             spec["path"] = sha256_file(resolve_path(recipe, source.path))
         out[name] = spec
     return out
-
-
-def stage_dir_name(index: int, stage_type: str) -> str:
-    return f"{index:02d}-{stage_type}"
 
 
 def resolved_recipe(recipe: Any) -> dict[str, Any]:
@@ -257,7 +261,7 @@ def _run_stage(
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "complete": True,
         }
-        write_json_atomic(tmp / "manifest.json", manifest)
+        write_json_atomic(tmp / MANIFEST_FILE, manifest)
     return manifest
 
 
@@ -297,7 +301,7 @@ def run_recipe(
         write_json_atomic(run_dir / PLAN_FILE, plan.model_dump(mode="json", by_alias=True))
         data = data_identity(recipe)
         input_dir, previous, outcomes = teacher_dir, [], []
-        cache_dir = run_dir / ".cache"
+        cache_dir = run_dir / CACHE_DIR
         total = len(recipe.stages)
         for index, config in enumerate(recipe.stages, 1):
             spec = STAGES[config.type]
@@ -361,13 +365,13 @@ def run_recipe(
             "stages": [{"index": o.index, "type": o.type, "dir": o.dir.name} for o in outcomes],
             "plan_sha256": sha256_file(run_dir / PLAN_FILE),
         }
-        reported = _read_json_or_empty(run_dir / "run.json").get("report_hash")
+        reported = _read_json_or_empty(run_dir / RUN_FILE).get("report_hash")
         # the report reads the run back from run.json and plan.json, as `compress report` does
-        write_json_atomic(run_dir / "run.json", run_manifest)
+        write_json_atomic(run_dir / RUN_FILE, run_manifest)
         if not recipe.evaluate.enabled:
             return RunResult(run_dir, outcomes)
         report, report_hash = _report(run_dir, recipe, upstream, fresh, reported)
-        write_json_atomic(run_dir / "run.json", {**run_manifest, "report_hash": report_hash})
+        write_json_atomic(run_dir / RUN_FILE, {**run_manifest, "report_hash": report_hash})
         return RunResult(run_dir, outcomes, report)
 
 
@@ -401,9 +405,9 @@ def _report(
             "data": data_identity(recipe),
         }
     )
-    if not fresh and reported == report_hash and (run_dir / "report.json").is_file():
-        log.info("report: reused %s", run_dir / "report.json")
-        report = load_report(run_dir / "report.json")
+    if not fresh and reported == report_hash and (run_dir / REPORT_FILE).is_file():
+        log.info("report: reused %s", run_dir / REPORT_FILE)
+        report = load_report(run_dir / REPORT_FILE)
         apply_gates(report)
         write_report(run_dir, report)
     else:

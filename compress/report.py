@@ -14,6 +14,7 @@ from typing import Any
 from compress.errors import CompressError
 from compress.io import read_json, write_json_atomic, write_text_atomic
 from compress.report_file import DEVICE_SCHEMA, SCHEMA, DeviceResult, load_report
+from compress.run_layout import MANIFEST_FILE, REPORT_FILE, REPORT_MARKDOWN, REPORT_PLOT
 
 log = logging.getLogger(__name__)
 
@@ -74,9 +75,9 @@ def write_report(run_dir: str | Path, report: dict[str, Any]) -> None:
     from compress.report_render import markdown, plot
 
     run_dir = Path(run_dir)
-    plot(report, run_dir / "report.png")
-    write_text_atomic(run_dir / "report.md", markdown(report))
-    write_json_atomic(run_dir / "report.json", report)
+    plot(report, run_dir / REPORT_PLOT)
+    write_text_atomic(run_dir / REPORT_MARKDOWN, markdown(report))
+    write_json_atomic(run_dir / REPORT_FILE, report)
     write_artifact_cards(report)
 
 
@@ -95,7 +96,7 @@ def fallback_shas(artifact: dict[str, Any]) -> dict[str, str]:
     from compress.subjects import present, read_artifact_manifest
 
     folder = Path(artifact["path"]) if isinstance(artifact.get("path"), str) else None
-    if artifact.get("format") != "tflite" or folder is None or not present(folder / "manifest.json"):
+    if artifact.get("format") != "tflite" or folder is None or not present(folder / MANIFEST_FILE):
         return {}
     manifest = read_artifact_manifest(folder)
     files = {f.path: f.sha256 for f in manifest.files}
@@ -182,7 +183,7 @@ def regenerate(run_dir: str | Path, device_results: str | Path | None = None) ->
     run_dir = require_path(run_dir, "point at a run folder (runs/<name>)")
     if device_results is not None:
         require_path(device_results, "pass the JSON from `runner.py benchmark --out FILE`")
-    report_path = run_dir / "report.json"
+    report_path = run_dir / REPORT_FILE
     if report_path.exists() or report_path.is_symlink():
         report = load_report(report_path, shown=True)
         moved_since(report, run_dir)

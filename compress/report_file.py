@@ -44,6 +44,7 @@ from pydantic import Field, Strict, StrictBool, StrictInt, StrictStr
 from compress.config import Open
 from compress.errors import BadFile, CompressError
 from compress.io import check_model, read_json
+from compress.run_layout import REPORT_FILE
 
 SCHEMA = "compress.report/1"
 DEVICE_SCHEMA = "compress.device-benchmark/1"
@@ -195,7 +196,7 @@ def load_report(path: str | Path, *, shown: bool = False) -> dict[str, Any]:
     the dict as written, with any keys a newer minor version added."""
     path = Path(path)
     if path.is_dir():
-        path = path / "report.json"
+        path = path / REPORT_FILE
     report = read_json(path, fix="`compress run RECIPE` writes runs/<name>/report.json", redo=REDO_REPORT)
     schema = report.get("schema") if isinstance(report, dict) else type(report).__name__
     if schema != SCHEMA:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from compress.io import atomic_path
+from compress.run_layout import REPORT_PLOT
 
 Entry = dict[str, Any]
 
@@ -293,7 +294,7 @@ def markdown(report: dict[str, Any]) -> str:
     if report.get("gates"):
         verdict = "all passed" if report.get("passed") else "FAILED"
         lines += [f"## Gates: {verdict}", "", *gate_table(report), ""]
-    lines += ["![accuracy vs p50 latency](report.png)", ""]
+    lines += [f"![accuracy vs p50 latency]({REPORT_PLOT})", ""]
     return "\n".join(lines)
 
 

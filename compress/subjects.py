@@ -23,6 +23,7 @@ from pydantic import AfterValidator, Field, StrictBool, StrictStr, field_validat
 from compress.config import Open
 from compress.errors import BadFile, CompressError, DataError, ModelError
 from compress.io import read_json, read_model
+from compress.run_layout import MANIFEST_FILE, PLAN_FILE, RUN_FILE
 from compress.targets import TargetProfile
 
 log = logging.getLogger(__name__)
@@ -30,7 +31,6 @@ log = logging.getLogger(__name__)
 Role = Literal["teacher", "checkpoint", "artifact"]
 REDO_RUN = "run `compress run RECIPE --fresh` to write the run again"
 REDO_ARTIFACT = "export the artifact again (compress run RECIPE --fresh)"
-PLAN_FILE = "plan.json"
 REDO_PLAN = "run `compress run RECIPE` again to write the run's plan"
 
 
@@ -201,16 +201,16 @@ def present(path: Path) -> bool:
 
 
 def read_stage_manifest(folder: Path) -> StageManifest | None:
-    path = folder / "manifest.json"
+    path = folder / MANIFEST_FILE
     return read_model(path, StageManifest, redo=REDO_RUN) if present(path) else None
 
 
 def read_artifact_manifest(folder: Path) -> ArtifactManifest:
-    return read_model(folder / "manifest.json", ArtifactManifest, redo=REDO_ARTIFACT)
+    return read_model(folder / MANIFEST_FILE, ArtifactManifest, redo=REDO_ARTIFACT)
 
 
 def is_artifact_folder(folder: Path) -> bool:
-    path = folder / "manifest.json"
+    path = folder / MANIFEST_FILE
     return present(path) and read_model(path, _Kind, redo=REDO_ARTIFACT).kind == "artifact"
 
 
@@ -225,7 +225,7 @@ def read_labels(path: Path) -> list[str]:
 
 
 def read_run_file(run_dir: Path) -> RunFile:
-    path = run_dir / "run.json"
+    path = run_dir / RUN_FILE
     if not present(path):
         raise CompressError(
             f"{run_dir}: no run.json, so not a finished run; run `compress run RECIPE` first "
@@ -325,7 +325,7 @@ def _run_teacher(run_dir: Path, plan: PlanFile | None) -> Path:
     if plan is None:
         teacher = read_run_file(run_dir).teacher_dir
         if not teacher:
-            raise CompressError(f"{run_dir / 'run.json'}: no teacher_dir; {REDO_RUN}")
+            raise CompressError(f"{run_dir / RUN_FILE}: no teacher_dir; {REDO_RUN}")
         return in_run(run_dir, teacher)
     from compress.models import folder_weights_sha
 
@@ -379,7 +379,7 @@ def _teacher_load_options(run_dir: Path, plan: PlanFile | None) -> dict[str, boo
     if plan is not None:
         teacher = plan.recipe.get("teacher")
         flags = teacher if isinstance(teacher, dict) else {}
-    elif present(run_dir / "run.json"):
+    elif present(run_dir / RUN_FILE):
         flags = read_run_file(run_dir).teacher_load.model_dump()
     else:
         return {}
@@ -387,7 +387,7 @@ def _teacher_load_options(run_dir: Path, plan: PlanFile | None) -> dict[str, boo
 
 
 def is_run(path: str | Path) -> bool:
-    return present(Path(path) / "run.json")
+    return present(Path(path) / RUN_FILE)
 
 
 def recipe_of_plan(run_dir: Path, plan: PlanFile) -> Any:
@@ -450,7 +450,7 @@ def recipe_of_run(run_dir: str | Path, *, data: bool = False) -> Any:
         return recipe
     run_file = read_run_file(run_dir)
     if not run_file.recipe_file:
-        raise CompressError(f"{run_dir / 'run.json'}: no recipe_file; {REDO_RUN}")
+        raise CompressError(f"{run_dir / RUN_FILE}: no recipe_file; {REDO_RUN}")
     log.warning(
         "%s: made by a compress without plan.json, so its recipe file %s is read again (edits since the "
         "run count); run it again to record a plan",

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from compress.run_layout import REPORT_MARKDOWN, REPORT_PLOT
+
 _KEYS = ("accuracy", "eval_accuracy", "agreement", "parameters", "bytes")
 
 
@@ -26,7 +28,7 @@ def summary_table(result: Any) -> str:
     if result.report:
         lines.append("")
         lines.extend(_report_rows(result.report))
-        lines.append(f"report: {result.run_dir / 'report.md'} (plot: report.png)")
+        lines.append(f"report: {result.run_dir / REPORT_MARKDOWN} (plot: {REPORT_PLOT})")
     return "\n".join(lines)
 
 

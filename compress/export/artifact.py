@@ -12,6 +12,7 @@ from typing import Any
 from compress.errors import ExportError
 from compress.io import file_entries, write_json_atomic
 from compress.models import label_names_of
+from compress.run_layout import MANIFEST_FILE
 
 MODEL_FILES = {"onnx": "model.onnx", "tflite": "model.tflite"}
 
@@ -89,5 +90,5 @@ def finish_artifact(
         **({"fusion": fusion} if fusion is not None else {}),
         "files": file_entries(folder),
     }
-    write_json_atomic(folder / "manifest.json", manifest)
+    write_json_atomic(folder / MANIFEST_FILE, manifest)
     return manifest

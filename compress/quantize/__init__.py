@@ -17,6 +17,7 @@ import numpy as np
 from compress.errors import ExportError
 from compress.export.artifact import MODEL_FILES
 from compress.io import file_entries, read_json, write_json_atomic
+from compress.run_layout import MANIFEST_FILE
 
 
 def derive_artifact(
@@ -28,7 +29,7 @@ def derive_artifact(
     check: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Finish an int8 folder whose model file is written: copy tokenizer/labels, write the manifest."""
-    source = read_json(float_dir / "manifest.json")
+    source = read_json(float_dir / MANIFEST_FILE)
     model_file = MODEL_FILES[source["format"]]
     if not (folder / model_file).is_file():
         raise ExportError(f"{folder}: {model_file} was not written")
@@ -43,7 +44,7 @@ def derive_artifact(
         "check": check or {},
     }
     manifest["files"] = file_entries(folder)
-    write_json_atomic(folder / "manifest.json", manifest)
+    write_json_atomic(folder / MANIFEST_FILE, manifest)
     return manifest
 
 

@@ -28,6 +28,7 @@ from compress.io import atomic_dir, write_json_atomic
 from compress.quantize import derive_artifact
 from compress.quantize.constants import require_int8_constants, tflite_float_constants
 from compress.quantize.tflite_compact import compact_tflite
+from compress.run_layout import MANIFEST_FILE
 
 LOGITS_SCOPE = r"_logits_output(;|$)"
 STATIC_OPS = ["FULLY_CONNECTED", "BATCH_MATMUL"]
@@ -270,5 +271,5 @@ def quantize_tflite(
             **({"fallbacks": fallbacks} if fallbacks else {}),
             "files": manifest["files"],
         }
-        write_json_atomic(folder / "manifest.json", manifest)
+        write_json_atomic(folder / MANIFEST_FILE, manifest)
     return manifest

@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from compress.errors import RecipeError
+from compress.run_layout import artifact_dir_name, stage_dir_name
 from compress.stages.base import StageConfig, StageContext, StageResult
 from compress.stages.registry import register_stage
 
@@ -54,7 +55,7 @@ def select_targets(profiles: list[Any], names: list[str] | None, stage_type: str
 
 def artifact_name(ctx: StageContext, folder: str) -> str:
     """``<stage-dir>/<artifact-dir>``, e.g. ``04-export/arm64-onnx-fp32``, as other stages refer to it."""
-    return f"{ctx.index:02d}-{ctx.config.type}/{folder}"
+    return f"{stage_dir_name(ctx.index, ctx.config.type)}/{folder}"
 
 
 def check_texts(ctx: StageContext, count: int) -> tuple[list[str], list[str] | None]:
@@ -123,7 +124,7 @@ def run(ctx: StageContext) -> StageResult:
     metrics: dict[str, Any] = {}
     fused: dict[str, bool] = {}
     for profile in profiles:
-        folder = f"{profile.name}-fp32"
+        folder = artifact_dir_name(profile.name, "fp32")
         manifest = export_float(
             ctx,
             model,

@@ -17,6 +17,7 @@ from pydantic import Field, field_validator
 
 from compress.config import Strict
 from compress.errors import ExportError, RecipeError
+from compress.run_layout import MANIFEST_FILE, artifact_dir_name
 from compress.stages.base import StageConfig, StageContext, StageResult
 from compress.stages.export import artifact_name, check_texts, export_float, load_input_model, stage_targets
 from compress.stages.registry import register_stage
@@ -137,17 +138,18 @@ def float_artifact(ctx: StageContext, model: Any, tokenizer: Any, profile: Any) 
     from compress.export.artifact import source_info
     from compress.io import read_json, sha256_json
 
+    name = artifact_dir_name(profile.name, "fp32")
     source = source_info(ctx.input_dir)
     exported = ctx.last("export")
     if exported is not None:
-        folder = exported.dir / f"{profile.name}-fp32"
-        if (folder / "manifest.json").is_file() and read_json(folder / "manifest.json")["source"] == source:
+        folder = exported.dir / name
+        if (folder / MANIFEST_FILE).is_file() and read_json(folder / MANIFEST_FILE)["source"] == source:
             return folder
     key = sha256_json([source, profile.model_dump(), ctx.recipe.task.max_length])[:16]
     folder = ctx.cache_dir / "float-artifacts" / f"{profile.name}-{key}"
-    if not (folder / "manifest.json").is_file():
+    if not (folder / MANIFEST_FILE).is_file():
         texts, pairs = check_texts(ctx, 32)
-        export_float(ctx, model, tokenizer, profile, folder, f"{profile.name}-fp32", texts, pairs)
+        export_float(ctx, model, tokenizer, profile, folder, name, texts, pairs)
     return folder
 
 
@@ -183,7 +185,7 @@ def quantize_target(
     """Write the int8 artifact for one target with scheme ``chosen``; return its manifest."""
     from compress.io import read_json
 
-    float_manifest = read_json(float_dir / "manifest.json")
+    float_manifest = read_json(float_dir / MANIFEST_FILE)
     scheme = "static" if chosen == "auto" else chosen
     # the profile's granularity rule is for integer kernels; weight-only computes in float
     per_channel = profile.quantization.granularity == "per-channel" or scheme == "weight-only"
@@ -265,7 +267,7 @@ def record_agreement(folder: Path, manifest: dict[str, Any], measured: dict[str,
     from compress.io import write_json_atomic
 
     manifest["check"] = {**manifest.get("check", {}), "eval": measured}
-    write_json_atomic(folder / "manifest.json", manifest)
+    write_json_atomic(folder / MANIFEST_FILE, manifest)
 
 
 def measure_fallbacks(
@@ -314,7 +316,7 @@ def run(ctx: StageContext) -> StageResult:
     metrics: dict[str, Any] = {}
     for profile in profiles:
         float_dir = float_artifact(ctx, model, tokenizer, profile)
-        out = ctx.out_dir / f"{profile.name}-int8"
+        out = ctx.out_dir / artifact_dir_name(profile.name, "int8")
         scheme = schemes[profile.name]
         manifest = quantize_target(ctx, config, profile, float_dir, out, tokenizer, names, scheme, search)
         measured = measure(float_dir, out, rows, config.metric)

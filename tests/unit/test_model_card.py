@@ -9,8 +9,9 @@ import pytest
 import yaml
 
 from compress.io import file_entries, read_json, write_json_atomic
-from compress.model_card import CARD, check_lines, write_artifact_cards
+from compress.model_card import check_lines, write_artifact_cards
 from compress.report import SCHEMA, regenerate
+from compress.run_layout import CARD_FILE
 from compress.runtime.runner import load
 from tests.helpers.artifacts import cached_artifact
 
@@ -61,7 +62,7 @@ def run_with_report(root: Path, artifact: Path, teacher: Path) -> tuple[Path, Pa
 
 
 def card(folder: Path) -> tuple[dict, str]:
-    text = (folder / CARD).read_text()
+    text = (folder / CARD_FILE).read_text()
     assert text.startswith("---\n")
     header, body = text[4:].split("\n---\n", 1)
     return yaml.safe_load(header), body
@@ -87,8 +88,8 @@ def test_the_report_writes_a_card_into_each_artifact_folder(onnx_artifact, tiny_
     # the card is not one of the manifest's files: every recorded hash still holds
     assert (folder / "manifest.json").read_bytes() == manifest_before
     listed = {e["path"]: e["sha256"] for e in read_json(folder / "manifest.json")["files"]}
-    assert CARD not in listed
-    assert all(listed[e["path"]] == e["sha256"] for e in file_entries(folder) if e["path"] != CARD)
+    assert CARD_FILE not in listed
+    assert all(listed[e["path"]] == e["sha256"] for e in file_entries(folder) if e["path"] != CARD_FILE)
     assert load(folder, verify=True).predict(["good phone"])[0]["label"] in ("l0", "l1")
 
 
@@ -97,7 +98,7 @@ def test_a_card_quotes_no_numbers_measured_on_another_file(onnx_artifact, tiny_b
     report = read_json(run / "report.json")
     report["artifacts"][0]["sha256"] = "0" * 64
     report["teacher"]["path"] = "someone/tiny-bert"
-    assert write_artifact_cards(report) == [folder / CARD]
+    assert write_artifact_cards(report) == [folder / CARD_FILE]
     meta, body = card(folder)
     assert "model-index" not in meta and "81.25" not in body and "No report of the run measured" in body
     assert meta["base_model"] == "someone/tiny-bert"
@@ -129,7 +130,7 @@ def test_a_missing_or_broken_artifact_folder_gets_no_card_and_the_report_is_stil
     report["artifacts"].append(gone)
     write_json_atomic(run / "report.json", report)
     regenerate(run)
-    assert not (folder / CARD).exists() and (run / "report.md").is_file()
+    assert not (folder / CARD_FILE).exists() and (run / "report.md").is_file()
     warning = next(r.getMessage() for r in caplog.records if "model card" in r.getMessage())
     assert "labels.json: a label name is listed twice" in warning
 
