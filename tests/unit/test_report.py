@@ -217,7 +217,9 @@ def _with_predictions() -> dict:
 
 
 def test_evaluation_keeps_each_rows_prediction_and_the_interval_against_the_teacher(monkeypatch, tmp_path):
-    from compress import evaluate
+    # the module, not ``compress.evaluate`` the API function (what ``from compress import evaluate``
+    # gives until something has imported the module)
+    import compress.evaluate as evaluate
     from compress.data import Split
     from compress.subjects import Subject
 
