@@ -158,7 +158,7 @@ def _check_stage_targets(recipe: Any, fail: Any) -> None:
     """What the export and quantize stages would refuse once they run (after distillation), refused now:
     a stage's targets must be the recipe's, and each target's profile must allow the stage's scheme."""
     from compress.stages.export import select_targets
-    from compress.stages.quantize import check_scheme, schemes_by_target
+    from compress.stages.quantize import checked_schemes
 
     profiles = [recipe.target_profile(name) for name in recipe.targets]
     for index, stage in enumerate(recipe.stages):
@@ -167,9 +167,7 @@ def _check_stage_targets(recipe: Any, fail: Any) -> None:
         try:
             chosen = select_targets(profiles, stage.targets, stage.type, f"{stage.type}.targets")
             if stage.type == "quantize":
-                schemes = schemes_by_target(stage, [profile.name for profile in chosen])
-                for profile in chosen:
-                    check_scheme(profile, stage, schemes[profile.name])
+                checked_schemes(stage, chosen)
         except RecipeError as exc:
             fail(("stages", index), str(exc))
 

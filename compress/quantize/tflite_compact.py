@@ -8,7 +8,8 @@ embedding table that is 12 bytes per vocabulary word). On a 3-signature shared s
 fifth of the int8 file. Flatbuffers may point several tables at one object, so equal quantization
 parameters are written once and shared, and inner tensor names become short ids (names are needed
 only while quantizing, where recipe scopes match them; signature inputs and outputs keep theirs).
-The rewritten file must give bit-identical logits on every signature, or the original is kept.
+The rewritten file must give bit-identical logits on every signature, or quantize fails with one
+line and keeps nothing; a model without signatures has nothing to compare and is left as written.
 """
 
 from __future__ import annotations
@@ -27,13 +28,12 @@ class _Shared:
 
     def __init__(self, params: Any):
         self.params = params
-        self._packed: dict[int, int] = {}
+        self._packed: tuple[Any, int] | None = None
 
     def Pack(self, builder: Any) -> int:
-        key = id(builder)
-        if key not in self._packed:
-            self._packed[key] = self.params.Pack(builder)
-        return self._packed[key]
+        if self._packed is None or self._packed[0] is not builder:
+            self._packed = (builder, self.params.Pack(builder))
+        return self._packed[1]
 
 
 def _params_key(params: Any) -> str | None:
@@ -76,14 +76,14 @@ def _write(model: Any, path: Path) -> None:
     """Serialize with ai-edge-quantizer's own writer: buffers after the flatbuffer, 16-byte aligned."""
     from ai_edge_quantizer import model_modifier
 
-    try:
-        writer = model_modifier.ModelModifier(model)
-        writer._serialize_model(model, model_modifier._PackedBufferData(model), str(path))
-    except AttributeError as exc:
+    writer = getattr(model_modifier.ModelModifier, "_serialize_model", None)
+    packed = getattr(model_modifier, "_PackedBufferData", None)
+    if writer is None or packed is None:
         raise ExportError(
-            f"{path.name}: this ai-edge-quantizer has no model writer compress knows ({exc}); "
+            f"{path.name}: this ai-edge-quantizer has no model writer compress knows; "
             "install the version in constraints.txt"
-        ) from None
+        )
+    writer(model_modifier.ModelModifier(model), model, packed(model), str(path))
 
 
 def _logits(path: Path, feeds: dict[str, dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
@@ -127,13 +127,16 @@ def compact_tflite(path: Path) -> dict[str, int]:
     from ai_edge_quantizer.utils import tfl_flatbuffer_utils
 
     before = path.stat().st_size
+    kept = {"bytes_before": before, "bytes_after": before}
     candidate = path.with_name(f".{path.name}.compact")
     try:
+        feeds = _probe_feeds(path)
+        if not feeds:
+            return kept
         _write(compacted(tfl_flatbuffer_utils.read_model(str(path))), candidate)
         after = candidate.stat().st_size
         if after >= before:
-            return {"bytes_before": before, "bytes_after": before}
-        feeds = _probe_feeds(path)
+            return kept
         want, got = _logits(path, feeds), _logits(candidate, feeds)
         for key in want:
             if not np.array_equal(want[key], got[key]):
@@ -143,5 +146,13 @@ def compact_tflite(path: Path) -> dict[str, int]:
                 )
         candidate.replace(path)
         return {"bytes_before": before, "bytes_after": after}
+    except ExportError:
+        raise
+    except Exception as exc:
+        first = str(exc).splitlines()[0][:200] if str(exc) else ""
+        raise ExportError(
+            f"{path.name}: compacting the int8 model failed ({type(exc).__name__}: {first}); "
+            "this is a compress bug, please report it"
+        ) from None
     finally:
         candidate.unlink(missing_ok=True)

@@ -43,6 +43,8 @@ def select_targets(profiles: list[Any], names: list[str] | None, stage_type: str
         raise RecipeError(f"{stage_type}: the recipe lists no targets; add e.g. targets: [arm64-onnx]")
     if names is None:
         return profiles
+    if not names:
+        raise RecipeError(f"{key}: is empty; list at least one of the recipe's targets or drop the key")
     known = {p.name: p for p in profiles}
     unknown = [n for n in names if n not in known]
     if unknown:

@@ -98,6 +98,15 @@ def schemes_by_target(config: QuantizeConfig, targets: list[str]) -> dict[str, s
     return {t: config.scheme[t] for t in targets}
 
 
+def checked_schemes(config: QuantizeConfig, profiles: list[Any]) -> dict[str, str]:
+    """The scheme of each of the stage's target profiles, each one allowed by its profile (the stage
+    runs this, and ``compress validate`` before anything trains)."""
+    schemes = schemes_by_target(config, [profile.name for profile in profiles])
+    for profile in profiles:
+        check_scheme(profile, config, schemes[profile.name])
+    return schemes
+
+
 def check_scheme(profile: Any, config: QuantizeConfig, scheme: str) -> None:
     """The target profile decides which schemes may ship to it."""
     needed = "static" if scheme == "auto" else scheme
@@ -290,9 +299,7 @@ def model_bytes(folder: Path) -> int:
 def run(ctx: StageContext) -> StageResult:
     config: QuantizeConfig = ctx.config  # type: ignore[assignment]
     profiles = stage_targets(ctx, config.targets, "quantize.targets")
-    schemes = schemes_by_target(config, [profile.name for profile in profiles])
-    for profile in profiles:
-        check_scheme(profile, config, schemes[profile.name])
+    schemes = checked_schemes(config, profiles)
     model, tokenizer = load_input_model(ctx)
     from compress.export import input_names
 

@@ -337,3 +337,32 @@ def test_a_compacted_model_that_computes_differently_is_refused(tmp_path, tiny_t
         compact.compact_tflite(path)
     assert path.read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == ["model.tflite"]
+
+
+def test_a_compaction_that_cannot_run_is_one_line_and_leaves_the_file(tmp_path, tiny_tflite, monkeypatch):
+    """Anything failing inside the rewrite (here the writer) is an ExportError line, not a traceback,
+    and neither the model nor a scratch file is changed or left behind."""
+    import compress.quantize.tflite_compact as compact
+
+    float_dir, _ = tiny_tflite
+    path = tmp_path / "model.tflite"
+    q = build_quantizer(float_dir / "model.tflite", "dynamic", True, [], False)
+    write_model(q, "dynamic", None, path)
+    before = path.read_bytes()
+
+    def broken(model, target):
+        target.write_bytes(b"partial")
+        raise ValueError("flatbuffer too large\nsecond line")
+
+    monkeypatch.setattr(compact, "_write", broken)
+    with pytest.raises(
+        ExportError, match=r"compacting the int8 model failed \(ValueError: flatbuffer too large\)"
+    ) as info:
+        compact.compact_tflite(path)
+    assert "\n" not in str(info.value)
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["model.tflite"]
+    # a model with no signature has nothing to compare against, so it is left as written
+    monkeypatch.setattr(compact, "_probe_feeds", lambda p: {})
+    assert compact.compact_tflite(path) == {"bytes_before": len(before), "bytes_after": len(before)}
+    assert path.read_bytes() == before

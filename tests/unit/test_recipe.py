@@ -237,6 +237,9 @@ def test_targets_and_schemes_the_export_and_quantize_stages_would_refuse_are_ref
     subset = "  - type: export\n    targets: [android-arm64]\n"
     message = error_of(write(tmp_path, recipe_text(reviews, "targets: [arm64-onnx]\n", subset)))
     assert "export.targets: ['android-arm64'] are not in the recipe's targets ['arm64-onnx']" in message
+    empty = "  - type: quantize\n    targets: []\n"
+    message = error_of(write(tmp_path, recipe_text(reviews, "targets: [arm64-onnx]\n", empty)))
+    assert "quantize.targets: is empty" in message
     none = "  - type: export\n"
     assert "export: the recipe lists no targets" in error_of(write(tmp_path, recipe_text(reviews, "", none)))
     fine = "  - type: quantize\n    scheme: {raspberry-pi-4: weight-only, arm64-onnx: dynamic}\n"
