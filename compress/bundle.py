@@ -28,15 +28,13 @@ import logging
 import tarfile
 from importlib import metadata
 from pathlib import Path
-from typing import Annotated, Any, Literal
-
-from pydantic import Field, StrictStr
+from typing import Any
 
 from compress.errors import CompressError
-from compress.io import atomic_path, check_model, sha256_file
+from compress.io import atomic_path, sha256_file
 from compress.model_card import bundle_usage, model_card
 from compress.run_layout import CARD_FILE, MANIFEST_FILE, REPORT_FILE
-from compress.subjects import REDO_ARTIFACT, Open, SafePath, read_artifact_manifest, read_labels
+from compress.subjects import REDO_ARTIFACT, artifact_fallbacks, read_artifact_manifest, read_labels
 
 log = logging.getLogger(__name__)
 
@@ -47,36 +45,6 @@ KEPT_IF_PRESENT = ("runtime", "fallbacks")
 """TFLite: the runtime contract (ops, op versions, interpreters that loaded the model) and fallback models."""
 FALLBACK_TFLITE = ("tflite-runtime==2.14.0", "numpy<2", "tokenizers>=0.19")
 TFLITE_RUNTIME_FILE = "requirements-tflite-runtime.txt"
-
-
-class FallbackModel(Open):
-    """One ``fallbacks`` entry of a TFLite artifact: a second model for an interpreter below a version."""
-
-    path: Annotated[SafePath, Field(pattern=r"\.tflite$")]
-    interpreter: Literal["ai_edge_litert", "tflite_runtime"]
-    below: Annotated[StrictStr, Field(pattern=r"^[0-9]+(\.[0-9]+)*$")]
-    scheme: StrictStr
-    reason: StrictStr
-
-
-class ModelChoice(Open):
-    format: Literal["onnx", "tflite"]
-    fallbacks: list[FallbackModel] = Field(default_factory=list)
-
-
-def check_fallbacks(artifact: Path, source: dict[str, Any], listed: set[str]) -> None:
-    """Each fallback model is a .tflite file inside the folder that the manifest lists with its sha256."""
-    path = artifact / MANIFEST_FILE
-    choice = check_model(path, source, ModelChoice, redo=REDO_ARTIFACT)
-    if choice.fallbacks and choice.format != "tflite":
-        raise CompressError(
-            f"{path}: 'fallbacks' are TFLite models, this is {choice.format}; {REDO_ARTIFACT}"
-        )
-    for entry in choice.fallbacks:
-        if entry.path not in listed:
-            raise CompressError(
-                f"{path}: fallback model {entry.path!r} is not listed in files (no sha256); {REDO_ARTIFACT}"
-            )
 
 
 def choose_artifact(run_dir: Path, target: str) -> Path:
@@ -206,9 +174,11 @@ def bundle_files(
         if not path.is_file() or sha256_file(path) != entry.sha256:
             raise CompressError(f"{path}: missing or changed since export (sha256); run the recipe again")
         files[entry.path] = path.read_bytes()
-    check_fallbacks(artifact, source, set(files))
+    artifact_fallbacks(artifact, checked)
     manifest = {key: source.get(key) for key in KEPT}
     manifest.update({key: source[key] for key in KEPT_IF_PRESENT if key in source})
+    if not checked.fallbacks:
+        manifest.pop("fallbacks", None)  # an artifact without fallback models says nothing of them
     manifest.update(
         schema=BUNDLE_SCHEMA,
         kind="bundle",

@@ -35,7 +35,7 @@ from compress.metrics import (
     predicted_ids,
     task_metrics,
 )
-from compress.subjects import Subject
+from compress.subjects import FallbackModel, Subject
 from compress.targets import TargetProfile, load_target
 
 log = logging.getLogger(__name__)
@@ -103,12 +103,15 @@ def worker_env(threads: int) -> dict[str, str]:
 
 
 def run_worker(
-    subject: Subject, split: Split, settings: Settings, threads: int
+    subject: Subject, split: Split, settings: Settings, threads: int, model_file: str | None = None
 ) -> tuple[np.ndarray, dict[str, Any]]:
-    """Run ``subject`` on ``split`` in a fresh process; return its logits and measurements."""
+    """Run ``subject`` on ``split`` in a fresh process; return its logits and measurements.
+
+    ``model_file`` runs one of an artifact's fallback models instead of the one the host would pick."""
     with tempfile.TemporaryDirectory(prefix="compress-eval-") as tmp:
         request = {
             "model": str(subject.path),
+            "model_file": model_file,
             "kind": "torch" if subject.format == "torch" else "artifact",
             "allow_pickle": subject.allow_pickle,
             "trust_remote_code": subject.trust_remote_code,
@@ -129,12 +132,13 @@ def run_worker(
             text=True,
         )
         result = read_json(f"{tmp}/result.json") if Path(tmp, "result.json").is_file() else {}
+        where = subject.path / model_file if model_file else subject.path
         if proc.returncode != 0:
             if isinstance(result, dict) and isinstance(result.get("error"), str):
-                raise CompressError(f"{subject.path}: {result['error']}")
+                raise CompressError(f"{where}: {result['error']}")
             if proc.returncode < 0:
-                raise CompressError(f"{subject.path}: {killed_line(subject.format, -proc.returncode)}")
-            raise RuntimeError(f"evaluating {subject.path} failed:\n{proc.stderr[-4000:]}")
+                raise CompressError(f"{where}: {killed_line(subject.format, -proc.returncode)}")
+            raise RuntimeError(f"evaluating {where} failed:\n{proc.stderr[-4000:]}")
         return np.load(f"{tmp}/logits.npy"), result
 
 
@@ -169,9 +173,7 @@ def evaluate_subject(
         )
     size, sha = model_bytes_and_sha(subject.path, subject.format)
     reference = teacher_logits if subject.role != "teacher" else None
-    metrics = score(logits, split, reference, settings.bootstrap_resamples)
-    for key in ("latency_ms", "throughput", "peak_rss_bytes", "rss_before_load_bytes"):
-        metrics[key] = run[key]
+    metrics = measured_metrics(logits, run, split, reference, settings)
     params = run.get("parameters") or artifact_parameters(subject.path, subject.format)
     entry = {
         "name": subject.name,
@@ -197,7 +199,49 @@ def evaluate_subject(
     if profile is not None:
         entry["budgets"] = {k: v for k, v in profile.budgets.model_dump().items() if v is not None}
     entry["predictions"] = predicted_ids(logits)
+    if subject.fallbacks:
+        threads = run["threads"]
+        entry["fallbacks"] = [
+            evaluate_fallback(subject, fallback, split, settings, threads, reference)
+            for fallback in subject.fallbacks
+        ]
     return entry, logits
+
+
+RUN_METRICS = ("latency_ms", "throughput", "peak_rss_bytes", "rss_before_load_bytes")
+
+
+def measured_metrics(
+    logits: np.ndarray, run: dict[str, Any], split: Split, reference: np.ndarray | None, settings: Settings
+) -> dict[str, Any]:
+    metrics = score(logits, split, reference, settings.bootstrap_resamples)
+    metrics.update({key: run[key] for key in RUN_METRICS})
+    return metrics
+
+
+def evaluate_fallback(
+    subject: Subject,
+    fallback: FallbackModel,
+    split: Split,
+    settings: Settings,
+    threads: int,
+    reference: np.ndarray | None,
+) -> dict[str, Any]:
+    """A TFLite artifact's fallback model (e.g. weight-only for tflite-runtime 2.14), measured on the
+    host like its primary, so the report shows what the primary's int8 compute buys against it."""
+    log.info("evaluating %s's %s (%s) on %d rows", subject.name, fallback.path, subject.format, len(split))
+    logits, run = run_worker(subject, split, settings, threads, model_file=fallback.path)
+    return {
+        "path": fallback.path,
+        "interpreter": fallback.interpreter,
+        "below": fallback.below,
+        "scheme": fallback.scheme,
+        "bytes": (subject.path / fallback.path).stat().st_size,
+        "sha256": run["model_sha256"],
+        "measured": {"where": "host", "runtime": run["runtime"], "threads": run["threads"]},
+        "metrics": measured_metrics(logits, run, split, reference, settings),
+        "predictions": predicted_ids(logits),
+    }
 
 
 def evaluate_subjects(subjects: list[Subject], split: Split, settings: Settings) -> dict[str, Any]:

@@ -137,8 +137,9 @@ def load_torch(
     return Model(predict, decoder(labels), runtime), info
 
 
-def load_artifact(path: str, threads: int) -> tuple[Model, dict[str, Any]]:
+def load_artifact(path: str, threads: int, model: str | None = None) -> tuple[Model, dict[str, Any]]:
     """An artifact through the bundle runner; a fixed-length model pads every input to its length.
+    ``model`` names one of its fallback model files (default: the one the installed interpreter picks).
 
     The runtime call is timed by wrapping the session's ``run`` on this instance: the request still
     goes through the runner's own code, so what is measured is what ships in a bundle."""
@@ -146,7 +147,7 @@ def load_artifact(path: str, threads: int) -> tuple[Model, dict[str, Any]]:
     from compress.runtime.runner import RunnerError, load
 
     try:
-        runner = load(path, threads=threads)
+        runner = load(path, threads=threads, model=model)
     except RunnerError as exc:
         raise ModelError(str(exc)) from None
     session = runner.session
@@ -156,7 +157,9 @@ def load_artifact(path: str, threads: int) -> tuple[Model, dict[str, Any]]:
     def predict(texts: list[str], pairs: list[str] | None) -> np.ndarray:
         return runner.predict_logits(texts, pairs, batch_size=len(texts))
 
+    ran = runner.describe()
     info = {
+        "model_sha256": ran["model_sha256"],
         "runtime": f"{session.interpreter} {session.interpreter_version}",
         "max_length": runner.encoder.max_length,
         "padded_to": session.lengths,
@@ -246,7 +249,7 @@ def load_model(request: dict[str, Any]) -> tuple[Model, dict[str, Any]]:
                 allow_pickle=request.get("allow_pickle", False),
                 trust_remote_code=request.get("trust_remote_code", False),
             )
-        return load_artifact(request["model"], threads)
+        return load_artifact(request["model"], threads, request.get("model_file"))
     except (CompressError, TypeError, AttributeError, NameError, AssertionError):
         raise  # compress's own errors and bugs stay what they are, not "the file may be damaged"
     except Exception as exc:

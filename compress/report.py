@@ -90,19 +90,19 @@ def build_run_report(run_dir: str | Path, recipe: Any) -> dict[str, Any]:
 
 
 def fallback_shas(artifact: dict[str, Any]) -> dict[str, str]:
-    """The sha256 of each fallback model the artifact folder's manifest lists (``fallbacks``, their
-    hashes from ``files``); none for an entry without a folder on this machine."""
-    from compress.bundle import check_fallbacks
-    from compress.subjects import present, read_artifact_manifest
+    """The sha256 of each fallback model of a report entry: as measured (its ``fallbacks`` rows), else
+    as the artifact folder's manifest lists them; none for an older entry without a folder here."""
+    from compress.subjects import artifact_fallbacks, present, read_artifact_manifest
 
+    measured = {f["path"]: f["sha256"] for f in artifact.get("fallbacks") or [] if f.get("sha256")}
+    if measured:
+        return measured
     folder = Path(artifact["path"]) if isinstance(artifact.get("path"), str) else None
     if artifact.get("format") != "tflite" or folder is None or not present(folder / MANIFEST_FILE):
         return {}
     manifest = read_artifact_manifest(folder)
     files = {f.path: f.sha256 for f in manifest.files}
-    raw = manifest.model_dump(by_alias=True)
-    check_fallbacks(folder, raw, set(files))
-    return {entry["path"]: files[entry["path"]] for entry in raw.get("fallbacks") or []}
+    return {entry.path: files[entry.path] for entry in artifact_fallbacks(folder, manifest)}
 
 
 def _device_row(result: dict[str, Any], artifacts: list[dict[str, Any]], source: Path) -> dict[str, Any]:

@@ -17,7 +17,9 @@ Schema ``compress.report/1`` (top-level keys of report.json):
   latency_ms {p50, p90, p99, mean, samples, warmup, threads, padded_to}, throughput {batch_size,
   items_per_s, runtime_batch}, peak_rss_bytes, rss_before_load_bytes, accuracy_vs_teacher {method,
   confidence, resamples, seed, rows, diff_points, ratio}}, predictions (the label id predicted for every
-  row, in row order)}; artifacts with a target also carry ``budgets`` (the profile's max_bytes /
+  row, in row order), fallbacks (a TFLite artifact's fallback models, each measured on the host:
+  {path, interpreter, below, scheme, bytes, sha256, measured, metrics, predictions})}; artifacts with a
+  target also carry ``budgets`` (the profile's max_bytes /
   max_latency_p50_ms), gated as ``target.*``. ``accuracy_vs_teacher`` is the paired bootstrap interval
   of the accuracy kept (``compress.metrics.paired_accuracy_interval``): ``diff_points`` (accuracy minus
   the teacher's, in points) and ``ratio`` (accuracy over the teacher's), each {estimate, low, high}.
@@ -107,6 +109,19 @@ class Metrics(Open):
     accuracy_vs_teacher: AccuracyVsTeacher | None = None
 
 
+class FallbackRow(Open):
+    """A TFLite artifact's fallback model, measured on the host beside its primary."""
+
+    path: StrictStr
+    interpreter: StrictStr | None = None
+    below: StrictStr | None = None
+    scheme: StrictStr | None = None
+    bytes: Num = None
+    sha256: Annotated[StrictStr, Field(pattern=r"^[0-9a-f]{64}$")] | None = None
+    metrics: Metrics
+    predictions: list[LabelId] | None = None
+
+
 class Entry(Open):
     """What the gates read of a report entry."""
 
@@ -121,6 +136,7 @@ class Entry(Open):
     measured: dict[str, Any] = Field(default_factory=dict)
     budgets: dict[str, Annotated[float, Strict()]] | None = None
     predictions: list[LabelId] | None = None
+    fallbacks: list[FallbackRow] | None = None
 
 
 class ShownEntry(Entry):
@@ -218,6 +234,9 @@ def check_label_ids(path: Path, report: dict[str, Any], checked: ReportFile) -> 
         found.append(("teacher.predictions", checked.teacher.predictions))
     for group in ("checkpoints", "artifacts"):
         found += [(f"{group}[{i}].predictions", e.predictions) for i, e in enumerate(getattr(checked, group))]
+    for i, e in enumerate(checked.artifacts):
+        fallbacks = enumerate(e.fallbacks or [])
+        found += [(f"artifacts[{i}].fallbacks[{j}].predictions", f.predictions) for j, f in fallbacks]
     found = [(key, ids) for key, ids in found if ids is not None]
     if not found:
         return

@@ -259,6 +259,48 @@ def device_table(report: dict[str, Any]) -> list[str]:
     )
 
 
+def fallback_table(report: dict[str, Any]) -> list[str]:
+    """Each artifact's fallback models beside its primary: what the primary's compute buys, at what
+    agreement (the share of rows where the two give the same label)."""
+    rows = []
+    for e in report.get("artifacts", []):
+        for f in e.get("fallbacks") or []:
+            m, primary = f["metrics"], e.get("predictions")
+            same = (
+                sum(a == b for a, b in zip(primary, f["predictions"], strict=True)) / len(primary)
+                if primary and f.get("predictions") and len(primary) == len(f["predictions"])
+                else None
+            )
+            speed = _ratio(_lat(f, "p50"), _lat(e, "p50"))
+            rows.append(
+                [
+                    f"`{e['name']}` ({f['path']})",
+                    f"{f.get('interpreter') or '–'} < {f.get('below') or '–'}",
+                    f.get("scheme") or "–",
+                    _num(m.get("accuracy")),
+                    _num(m.get("agreement")),
+                    _num(same),
+                    _num(_lat(f, "p50"), 2),
+                    _num(_lat(e, "p50"), 2),
+                    f"{speed:.2f}×" if speed else "–",
+                    f"{f['bytes'] / 1e6:.2f}" if f.get("bytes") is not None else "–",
+                ]
+            )
+    header = [
+        "fallback model",
+        "for",
+        "scheme",
+        "accuracy",
+        "agreement",
+        "same label as primary",
+        "p50 ms",
+        "primary p50 ms",
+        "fallback p50 ÷ primary p50",
+        "MB",
+    ]
+    return _table(header, rows) if rows else []
+
+
 def markdown(report: dict[str, Any]) -> str:
     data, host = report.get("data", {}), report.get("host", {})
     teacher = report.get("teacher") or {}
@@ -289,6 +331,17 @@ def markdown(report: dict[str, Any]) -> str:
         *class_table(report),
         "",
     ]
+    fallbacks = fallback_table(report)
+    if fallbacks:
+        lines += [
+            "## Fallback models",
+            "",
+            "Each runs on an interpreter that computes its artifact's primary model wrongly; measured "
+            "here on the host's interpreter like the primary.",
+            "",
+            *fallbacks,
+            "",
+        ]
     if report.get("device_results"):
         lines += ["## Measured on device", "", *device_table(report), ""]
     if report.get("gates"):

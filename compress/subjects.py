@@ -171,6 +171,16 @@ class FileEntry(Open):
     bytes: Annotated[int, Field(ge=0)] | None = None
 
 
+class FallbackModel(Open):
+    """One ``fallbacks`` entry of a TFLite artifact: a second model for an interpreter below a version."""
+
+    path: Annotated[SafePath, Field(pattern=r"\.tflite$")]
+    interpreter: Literal["ai_edge_litert", "tflite_runtime"]
+    below: Annotated[StrictStr, Field(pattern=r"^[0-9]+(\.[0-9]+)*$")]
+    scheme: StrictStr
+    reason: StrictStr
+
+
 class ArtifactManifest(Versioned):
     """An artifact folder's manifest.json: the model file's format and every file with its sha256."""
 
@@ -182,6 +192,8 @@ class ArtifactManifest(Versioned):
     precision: StrictStr = "fp32"
     max_length: Annotated[int, Field(gt=0)]
     files: list[FileEntry]
+    fallbacks: list[FallbackModel] = Field(default_factory=list)
+    """TFLite: second models for interpreters that compute the primary wrongly (``artifact_fallbacks``)."""
 
 
 class _Kind(Open):
@@ -207,6 +219,22 @@ def read_stage_manifest(folder: Path) -> StageManifest | None:
 
 def read_artifact_manifest(folder: Path) -> ArtifactManifest:
     return read_model(folder / MANIFEST_FILE, ArtifactManifest, redo=REDO_ARTIFACT)
+
+
+def artifact_fallbacks(folder: Path, manifest: ArtifactManifest) -> list[FallbackModel]:
+    """The manifest's fallback models, each a .tflite file the manifest lists with its sha256."""
+    path = folder / MANIFEST_FILE
+    if manifest.fallbacks and manifest.format != "tflite":
+        raise CompressError(
+            f"{path}: 'fallbacks' are TFLite models, this is {manifest.format}; {REDO_ARTIFACT}"
+        )
+    listed = {entry.path for entry in manifest.files}
+    for entry in manifest.fallbacks:
+        if entry.path not in listed:
+            raise CompressError(
+                f"{path}: fallback model {entry.path!r} is not listed in files (no sha256); {REDO_ARTIFACT}"
+            )
+    return manifest.fallbacks
 
 
 def is_artifact_folder(folder: Path) -> bool:
@@ -260,6 +288,8 @@ class Subject:
     allow_pickle: bool = False
     """Only for a recipe teacher that opts in (``teacher.allow_pickle``); checkpoints are safetensors."""
     trust_remote_code: bool = False
+    fallbacks: tuple[FallbackModel, ...] = ()
+    """A TFLite artifact's fallback models, measured beside its primary model."""
 
 
 def subject_at(path: str | Path, *, teacher: bool = False, name: str | None = None) -> Subject:
@@ -279,6 +309,7 @@ def subject_at(path: str | Path, *, teacher: bool = False, name: str | None = No
             read_labels(labels_file),
             manifest.target,
             manifest.precision,
+            fallbacks=tuple(artifact_fallbacks(folder, manifest)),
         )
     if (folder / "config.json").is_file():
         names = label_names_of_config(folder / "config.json")
