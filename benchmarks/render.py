@@ -257,6 +257,8 @@ def plot(results: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from compress.plot_labels import Point, place_labels
+
     tasks = [t for t in results["tasks"] if any(r["task"] == t for r in results["rows"])]
     fig, axes = plt.subplots(1, len(tasks), figsize=(8 * len(tasks), 6.5), squeeze=False)
     for ax, task in zip(axes[0], tasks, strict=True):
@@ -271,14 +273,6 @@ def plot(results: dict[str, Any], path: Path) -> None:
                 label=legend,
                 s=40,
                 zorder=3,
-            )
-        for r in task_rows:
-            ax.annotate(
-                short_label(r),
-                (r["p50_ms"], 100 * r["accuracy"]),
-                fontsize=7,
-                xytext=(4, 3),
-                textcoords="offset points",
             )
         teacher = next((r for r in task_rows if r["group"] == "teacher" and r["format"] == "torch"), None)
         if teacher:
@@ -309,8 +303,26 @@ def plot(results: dict[str, Any], path: Path) -> None:
             f"{TASK_TITLES.get(task, task)}: accuracy vs latency ({results['host']['threads']} threads)"
         )
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8, loc="lower right")
+        ax.margins(x=0.12, y=0.12)
+        # below the axes, so no label can land under it
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=3)
     fig.tight_layout()
+    for ax, task in zip(axes[0], tasks, strict=True):
+        # names are placed in pixels once the layout is final (compress.plot_labels: never on one another)
+        ax.set_xlim(ax.get_xlim())
+        ax.set_ylim(ax.get_ylim())
+        verdict = results["headline"].get(task) or {}
+        points = [
+            Point(
+                r["p50_ms"],
+                100 * r["accuracy"],
+                short_label(r),
+                (220 if r["row"] == verdict.get("headline") else 40) ** 0.5 / 2,
+            )
+            for r in results["rows"]
+            if r["task"] == task
+        ]
+        place_labels(ax, points, fontsize=7, zorder=5)
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
