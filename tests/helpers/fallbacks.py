@@ -11,11 +11,11 @@ from compress.io import file_entries, read_json, write_json_atomic
 FALLBACK = "fallback-weight-only.tflite"
 
 
-def with_fallback(artifact: Path, into: Path, **entry: Any) -> Path:
+def with_fallback(artifact: Path, into: Path, model_file: str = "model.tflite", **entry: Any) -> Path:
     """A copy of a TFLite ``artifact`` whose manifest sends tflite_runtime < 2.15 to a second model file
-    (a copy of the primary's bytes: the choice shows in which file the runner opens)."""
+    (a copy of ``model_file``'s bytes: the choice shows in which file the runner opens)."""
     folder = Path(shutil.copytree(artifact, into))
-    shutil.copyfile(folder / "model.tflite", folder / FALLBACK)
+    shutil.copyfile(folder / model_file, folder / FALLBACK)
     manifest = read_json(folder / "manifest.json")
     manifest["fallbacks"] = [
         {

@@ -111,20 +111,7 @@ def test_a_fallback_the_manifest_does_not_list_is_refused_before_anything_runs(p
 
 
 def test_an_onnx_artifact_with_fallbacks_is_refused(tiny_bert_dir, tmp_path):
-    onnx = Path(shutil.copytree(cached_artifact(tiny_bert_dir, tmp_path, "onnx", [32]), tmp_path / "o"))
-    shutil.copyfile(onnx / "model.onnx", onnx / FALLBACK)
-    manifest = read_json(onnx / "manifest.json")
-    manifest["fallbacks"] = [
-        {
-            "path": FALLBACK,
-            "interpreter": "tflite_runtime",
-            "below": "2.15",
-            "scheme": "weight-only",
-            "reason": "r",
-        }
-    ]
-    manifest["files"] = file_entries(onnx)
-    write_json_atomic(onnx / "manifest.json", manifest)
+    onnx = with_fallback(cached_artifact(tiny_bert_dir, tmp_path, "onnx", [32]), tmp_path / "o", "model.onnx")
     with pytest.raises(CompressError, match=r"'fallbacks' are TFLite models, this is onnx"):
         subject_at(onnx)
 
