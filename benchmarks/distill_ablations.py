@@ -160,6 +160,8 @@ def run_ablation(
         "retained": dev["accuracy"] / teacher_accuracy if teacher_accuracy else None,
         "heldout_accuracy": m["accuracy"],
         "heldout_teacher_accuracy": m["teacher_accuracy"],
+        # mean KL(teacher ‖ student) on the held-out rows at the kept epoch: finer than accuracy there
+        "heldout_kl": m.get("kl"),
         "parameters": m["parameters"],
         "teacher_parameters": m["source_parameters"],
         "epochs_run": m["epochs_run"],
@@ -178,17 +180,20 @@ def markdown(rows: list[dict[str, Any]], settings: dict[str, Any]) -> str:
         f"Settings: {json.dumps(settings)}",
         "",
         "Accuracy and agreement are on dev, which no run saw; each run kept its best epoch on held-out "
-        "training rows (held-out acc).",
+        "training rows (held-out acc; held-out KL is the mean KL divergence of the student's "
+        "probabilities from the teacher's on those rows, in nats).",
         "",
         "| task | ablation | layers | params | teacher acc | student acc | retained | agreement "
-        "| held-out acc | best epoch | seconds |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| held-out acc | held-out KL | best epoch | seconds |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        kl = "–" if r.get("heldout_kl") is None else f"{r['heldout_kl']:.4f}"
         lines.append(
             f"| {r['task']} | {r['ablation']} | {r['layers']} | {r['parameters'] / 1e6:.1f}M | "
             f"{r['teacher_accuracy']:.4f} | {r['accuracy']:.4f} | {r['retained']:.1%} | "
-            f"{r['agreement']:.4f} | {r['heldout_accuracy']:.4f} | {r['best_epoch']}/{r['epochs_run']} | "
+            f"{r['agreement']:.4f} | {r['heldout_accuracy']:.4f} | "
+            f"{kl} | {r['best_epoch']}/{r['epochs_run']} | "
             f"{r['stage_seconds']:.0f} |"
         )
     return "\n".join(lines) + "\n"

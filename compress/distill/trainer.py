@@ -135,6 +135,7 @@ def distill_model(
     metrics = {
         "accuracy": best_epoch.get("accuracy"),
         "agreement": best_epoch["agreement"],
+        "kl": best_epoch["kl"],
         "teacher_accuracy": data.teacher_accuracy,
         "best_epoch": best_epoch["epoch"],
         "epochs_run": len(history),

@@ -210,3 +210,20 @@ def test_finetune_runs_data_parallel_and_a_nan_on_one_rank_stops_both(tmp_path, 
     assert ranks[0]["error"].startswith("finetune: loss became nan at step 4; lower the learning rate")
     kept = Path(ranks[0]["error"].rsplit("last good checkpoint: ", 1)[1])
     assert (kept / "model.safetensors").is_file()
+
+
+def test_classification_metrics_kl_is_the_divergence_from_the_reference():
+    reference = torch.tensor([[2.0, -1.0], [0.0, 1.0], [3.0, 3.0]])
+    same = training.classification_metrics(reference, [0, 1, 0], reference=reference)
+    assert same == {"accuracy": 1.0, "agreement": 1.0, "kl": pytest.approx(0.0, abs=1e-7)}
+    # same argmax on every row, so agreement cannot tell the two apart; the divergence can
+    closer = reference * 0.9
+    further = reference * 0.3
+    near = training.classification_metrics(closer, None, reference=reference)
+    far = training.classification_metrics(further, None, reference=reference)
+    assert near["agreement"] == far["agreement"] == 1.0 and "accuracy" not in near
+    assert 0.0 < near["kl"] < far["kl"]
+    p = torch.softmax(reference, -1)
+    q = torch.softmax(further, -1)
+    assert far["kl"] == pytest.approx(float((p * (p.log() - q.log())).sum(-1).mean()), rel=1e-5)
+    assert "kl" not in training.classification_metrics(reference, [0, 1, 0])
