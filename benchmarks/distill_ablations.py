@@ -161,7 +161,7 @@ def run_ablation(
         "heldout_accuracy": m["accuracy"],
         "heldout_teacher_accuracy": m["teacher_accuracy"],
         # mean KL(teacher ‖ student) on the held-out rows at the kept epoch: finer than accuracy there
-        "heldout_kl": m.get("kl"),
+        "heldout_kl": m["kl"],
         "parameters": m["parameters"],
         "teacher_parameters": m["source_parameters"],
         "epochs_run": m["epochs_run"],
@@ -188,12 +188,11 @@ def markdown(rows: list[dict[str, Any]], settings: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        kl = "–" if r.get("heldout_kl") is None else f"{r['heldout_kl']:.4f}"
         lines.append(
             f"| {r['task']} | {r['ablation']} | {r['layers']} | {r['parameters'] / 1e6:.1f}M | "
             f"{r['teacher_accuracy']:.4f} | {r['accuracy']:.4f} | {r['retained']:.1%} | "
             f"{r['agreement']:.4f} | {r['heldout_accuracy']:.4f} | "
-            f"{kl} | {r['best_epoch']}/{r['epochs_run']} | "
+            f"{r['heldout_kl']:.4f} | {r['best_epoch']}/{r['epochs_run']} | "
             f"{r['stage_seconds']:.0f} |"
         )
     return "\n".join(lines) + "\n"

@@ -238,7 +238,12 @@ def classification_metrics(
     if reference is not None:
         ref_logits = torch.as_tensor(np.asarray(reference)).float()
         out["agreement"] = float((pred == ref_logits.argmax(-1)).float().mean())
-        log_q = torch.log_softmax(logits, dim=-1)
-        log_p = torch.log_softmax(ref_logits, dim=-1)
-        out["kl"] = float(torch.nn.functional.kl_div(log_q, log_p, log_target=True, reduction="batchmean"))
+        out["kl"] = float(mean_kl(logits, ref_logits))
     return out
+
+
+def mean_kl(logits: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
+    """KL(softmax(reference) ‖ softmax(logits)), averaged over rows, in nats."""
+    log_q = torch.log_softmax(logits, dim=-1)
+    log_p = torch.log_softmax(reference.float(), dim=-1)
+    return torch.nn.functional.kl_div(log_q, log_p, reduction="batchmean", log_target=True)

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from compress.distill.config import MlmOptions
+from compress.training import mean_kl
 
 IGNORE = -100
 
@@ -21,9 +22,7 @@ def soft_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperat
     """KL(teacher || student) on temperature-softened distributions, times T^2 so gradients keep
     their size as T changes (Hinton et al.)."""
     t = temperature
-    student = F.log_softmax(student_logits / t, dim=-1)
-    teacher = F.log_softmax(teacher_logits.float() / t, dim=-1)
-    return F.kl_div(student, teacher, reduction="batchmean", log_target=True) * (t * t)
+    return mean_kl(student_logits / t, teacher_logits.float() / t) * (t * t)
 
 
 def hard_ce(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
