@@ -260,6 +260,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
     from compress.plot_labels import Point, place_labels
 
     tasks = [t for t in results["tasks"] if any(r["task"] == t for r in results["rows"])]
+    headline = {task: (results["headline"].get(task) or {}).get("headline") for task in tasks}
     fig, axes = plt.subplots(1, len(tasks), figsize=(8 * len(tasks), 6.5), squeeze=False)
     for ax, task in zip(axes[0], tasks, strict=True):
         task_rows = [r for r in results["rows"] if r["task"] == task]
@@ -283,8 +284,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
                 linewidth=1,
                 label="97% of the teacher's accuracy",
             )
-        verdict = results["headline"].get(task) or {}
-        best = next((r for r in task_rows if r["row"] == verdict.get("headline")), None)
+        best = next((r for r in task_rows if r["row"] == headline[task]), None)
         if best:
             ax.scatter(
                 [best["p50_ms"]],
@@ -311,13 +311,12 @@ def plot(results: dict[str, Any], path: Path) -> None:
         # names are placed in pixels once the layout is final (compress.plot_labels: never on one another)
         ax.set_xlim(ax.get_xlim())
         ax.set_ylim(ax.get_ylim())
-        verdict = results["headline"].get(task) or {}
         points = [
             Point(
                 r["p50_ms"],
                 100 * r["accuracy"],
                 short_label(r),
-                (220 if r["row"] == verdict.get("headline") else 40) ** 0.5 / 2,
+                (220 if r["row"] == headline[task] else 40) ** 0.5 / 2,
             )
             for r in results["rows"]
             if r["task"] == task

@@ -162,7 +162,7 @@ def evaluate_program(folder: Path, split: Any, settings: Any, teacher_logits: np
     Inductor's kernel cache lives beside the program, so compile_s is a cold compile, not a hit
     in a cache an earlier run left in /tmp.
     """
-    from compress.evaluate import score
+    from compress.evaluate import RUN_METRICS, score
     from compress.io import read_json, sha256_file
     from compress.metrics import predicted_ids
 
@@ -199,8 +199,7 @@ def evaluate_program(folder: Path, split: Any, settings: Any, teacher_logits: np
         result, logits = read_json(f"{tmp}/result.json"), np.load(f"{tmp}/logits.npy")
     manifest = read_json(folder / "manifest.json")
     metrics = score(logits, split, teacher_logits, settings.bootstrap_resamples)
-    for key in ("latency_ms", "throughput", "peak_rss_bytes", "rss_before_load_bytes"):
-        metrics[key] = result[key]
+    metrics.update({key: result[key] for key in RUN_METRICS})
     program = folder / PROGRAM
     return {
         "name": manifest["name"],
