@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
@@ -19,15 +20,20 @@ import torch
 from compress.errors import ModelError, RecipeError
 
 
-def used_token_ids(tokenizer: Any, texts: list[str], pairs: list[str] | None = None) -> set[int]:
-    """Every id the tokenizer produces for the texts, without truncation (long texts count in full)."""
-    used: set[int] = set()
+def token_counts(tokenizer: Any, texts: list[str], pairs: list[str] | None = None) -> Counter[int]:
+    """How often the tokenizer produces each id for the texts, untruncated (long texts count in full)."""
+    counts: Counter[int] = Counter()
     for start in range(0, len(texts), 1024):
         chunk_pairs = pairs[start : start + 1024] if pairs is not None else None
         enc = tokenizer(texts[start : start + 1024], chunk_pairs, truncation=False, verbose=False)
         for ids in enc["input_ids"]:
-            used.update(ids)
-    return used
+            counts.update(ids)
+    return counts
+
+
+def used_token_ids(tokenizer: Any, texts: list[str], pairs: list[str] | None = None) -> set[int]:
+    """Every id the tokenizer produces for the texts, without truncation (long texts count in full)."""
+    return set(token_counts(tokenizer, texts, pairs))
 
 
 def _merge_pairs(model: dict[str, Any]) -> list[tuple[str, str]]:

@@ -56,6 +56,10 @@ class ShareConfig(StageConfig):
     layers: LayerSharing | None = None
     embedding_rank: int | None = Field(None, gt=0)
     """E of the V×E + E×H factorised embedding (ALBERT uses 128); must be below the hidden size."""
+    embedding_weights: Literal["frequency", "uniform"] = "frequency"
+    """How the SVD behind embedding_rank weighs the table's rows: frequency = by how often each token
+    occurs in the training text (plus one), so the rank goes to the rows the model reads most;
+    uniform = every row alike (the plain best rank-E approximation of the table)."""
     vocab: VocabPruning | None = None
     positions: int | None = Field(None, gt=0)
     """Keep the position-table rows for inputs of up to N tokens (BERT learns 512) and drop the rest;
@@ -92,11 +96,11 @@ def _measure(
 
 
 def _transform(ctx: StageContext, cfg: ShareConfig, model: Any, tokenizer: Any) -> tuple[Any, list[dict]]:
-    from compress.share.factorize import factorize_embedding
+    from compress.share.factorize import factorize_embedding, frequency_weights
     from compress.share.model import set_sharing_spec
     from compress.share.positions import trim_positions
     from compress.share.tying import encoder_layers, make_plan, tie_layers
-    from compress.share.vocab import prune_vocabulary
+    from compress.share.vocab import prune_vocabulary, token_counts
 
     steps = [_measure(ctx, model, tokenizer, "input", {})]
     if cfg.vocab is not None:
@@ -116,7 +120,13 @@ def _transform(ctx: StageContext, cfg: ShareConfig, model: Any, tokenizer: Any) 
         sizes = trim_positions(model, tokenizer, cfg.positions)
         steps.append(_measure(ctx, model, tokenizer, "positions", sizes))
     if cfg.embedding_rank is not None:
-        quality = factorize_embedding(model, cfg.embedding_rank)
+        weights = None
+        if cfg.embedding_weights == "frequency":
+            train = ctx.split("train")
+            rows = model.get_input_embeddings().num_embeddings
+            weights = frequency_weights(token_counts(tokenizer, train.texts, train.pairs), rows)
+        quality = factorize_embedding(model, cfg.embedding_rank, weights)
+        quality["weights"] = cfg.embedding_weights
         set_sharing_spec(model, embedding_rank=cfg.embedding_rank)
         steps.append(_measure(ctx, model, tokenizer, "embedding", quality))
     if cfg.layers is not None:

@@ -9,7 +9,12 @@ import torch
 
 from compress.errors import RecipeError
 from compress.models import load_classifier
-from compress.share.factorize import FactorizedEmbedding, factorize_embedding, svd_factors
+from compress.share.factorize import (
+    FactorizedEmbedding,
+    factorize_embedding,
+    frequency_weights,
+    svd_factors,
+)
 from compress.share.model import (
     load_shared_classifier,
     parameter_stats,
@@ -27,6 +32,45 @@ def test_reconstruction_error_equals_discarded_singular_values():
         error = torch.linalg.norm(weight.double() - factors.table.double() @ factors.projection.double().T)
         assert error.item() == pytest.approx(torch.linalg.norm(singular[rank:]).item(), rel=1e-5)
         assert torch.allclose(factors.discarded.double(), singular[rank:], rtol=1e-5)
+
+
+def _weighted_error(weight: torch.Tensor, factors, row_weights: torch.Tensor) -> float:
+    rebuilt = factors.table.double() @ factors.projection.double().T
+    return float(((weight.double() - rebuilt).pow(2).sum(dim=1) * row_weights.double()).sum().sqrt())
+
+
+def test_weighted_factors_are_the_best_rank_e_fit_in_the_weighted_norm():
+    torch.manual_seed(0)
+    weight = torch.randn(200, 24)
+    row_weights = torch.ones(200, dtype=torch.float64)
+    row_weights[:10] = 1000.0  # ten frequent tokens
+    scaled = weight.double() * row_weights.sqrt()[:, None]
+    for rank in (10, 16):  # at least as many as the frequent rows
+        weighted = svd_factors(weight, rank, row_weights)
+        plain = svd_factors(weight, rank)
+        error = _weighted_error(weight, weighted, row_weights)
+        # the weighted error is exactly what the SVD of diag(sqrt(w)) E drops, and beats the plain fit there
+        assert error == pytest.approx(torch.linalg.norm(torch.linalg.svdvals(scaled)[rank:]).item(), rel=1e-5)
+        assert error < 0.9 * _weighted_error(weight, plain, row_weights)
+        # the frequent rows come out closer than the plain SVD puts them
+        rebuilt = (weighted.table.double() @ weighted.projection.double().T)[:10]
+        rebuilt_plain = (plain.table.double() @ plain.projection.double().T)[:10]
+        top = weight.double()[:10]
+        assert torch.linalg.norm(rebuilt - top) < 0.5 * torch.linalg.norm(rebuilt_plain - top)
+    # equal weights are the plain SVD
+    equal, plain = svd_factors(weight, 5, torch.full((200,), 7.0)), svd_factors(weight, 5)
+    assert torch.allclose(equal.table @ equal.projection.T, plain.table @ plain.projection.T, atol=1e-4)
+
+
+@pytest.mark.parametrize("bad", [torch.ones(199), torch.zeros(200), -torch.ones(200)])
+def test_row_weights_must_be_one_positive_number_per_row(bad: torch.Tensor):
+    with pytest.raises(ValueError, match="200 positive numbers"):
+        svd_factors(torch.randn(200, 24), 4, bad)
+
+
+def test_frequency_weights_are_counts_plus_one():
+    weights = frequency_weights({0: 5, 3: 1, 99: 4}, 4)
+    assert weights.tolist() == [6.0, 1.0, 1.0, 2.0]
 
 
 def test_factorised_model_replaces_the_table_and_saves_parameters(tiny_bert_dir: Path, tmp_path: Path):

@@ -42,6 +42,9 @@ def test_share_stage_applies_every_transform_and_saves_each_tensor_once(
     assert sizes == sorted(sizes, reverse=True) and len(set(sizes)) == 5
     assert all(0 <= s["accuracy"] <= 1 for s in metrics["steps"])
     assert metrics["accuracy_after_tying"] == metrics["steps"][-1]["accuracy"]
+    embedding = metrics["steps"][3]
+    assert embedding["weights"] == "frequency"  # the default: rows weighted by the training text's counts
+    assert 0 < embedding["relative_error"] < 1 and 0 < embedding["unweighted_relative_error"] < 1
     shown = [r.getMessage() for r in caplog.records if r.getMessage().startswith("share ")]
     assert len(shown) == 5
     assert all(re.fullmatch(r"share \w+: [\d,]+ parameters, eval accuracy \d\.\d{4}", line) for line in shown)

@@ -10,7 +10,14 @@ import torch
 
 from compress.errors import RecipeError
 from compress.models import load_classifier, save_checkpoint
-from compress.share.vocab import kept_token_ids, prune_tokenizer_json, prune_vocabulary, pruned_tokenizer
+from compress.share.vocab import (
+    kept_token_ids,
+    prune_tokenizer_json,
+    prune_vocabulary,
+    pruned_tokenizer,
+    token_counts,
+    used_token_ids,
+)
 from tests.helpers.tiny import review_rows
 
 TRAIN = [text for text, _ in review_rows(40, seed=5)] + ["it's a zany, quirky film!"]
@@ -38,6 +45,15 @@ def test_training_text_gives_same_tokens_with_remapped_ids_and_rows(tiny_bert_di
         logits = model(**new_tok(TRAIN, padding=True, return_tensors="pt")).logits
     assert torch.allclose(logits, reference, atol=1e-5)
     assert new_tok.pad_token_id == model.config.pad_token_id
+
+
+def test_token_counts_count_every_occurrence_of_texts_and_pairs(tiny_bert_dir: Path):
+    _, tokenizer = load_classifier(tiny_bert_dir)
+    counts = token_counts(tokenizer, ["the film the film", "film"], ["the end", "the"])
+    the, film = tokenizer.convert_tokens_to_ids(["the", "film"])
+    assert counts[the] == 4 and counts[film] == 3
+    assert counts[tokenizer.cls_token_id] == 2 and counts[tokenizer.sep_token_id] == 4
+    assert set(counts) == used_token_ids(tokenizer, ["the film the film", "film"], ["the end", "the"])
 
 
 def test_pruned_checkpoint_reloads_with_its_tokenizer(tiny_bert_dir: Path, tmp_path: Path):
