@@ -3,7 +3,8 @@
 Transforms run on the newest checkpoint in the run, cheapest to undo first: vocabulary pruning
 (a lossless row selection for the training text) and position-table trimming (lossless for inputs
 up to the kept length), then the SVD-factorised embedding (computed on
-the pruned table, so the rank is spent on tokens the task uses), then cross-layer tying. The
+the pruned table, so the rank is spent on tokens the task uses), then feed-forward width pruning
+(neurons ranked on the training text), then cross-layer tying. The
 manifest records unique parameters, bytes and eval accuracy after every step, so a reader sees
 what each transform cost before recovery paid it back.
 """
@@ -22,6 +23,9 @@ from compress.stages.base import StageConfig, StageContext, StageResult
 from compress.stages.registry import register_stage
 
 log = logging.getLogger(__name__)
+
+FFN_SAMPLE_ROWS = 1024
+"""Training rows whose tokens rank the feed-forward neurons for ``ffn`` pruning."""
 
 
 class LayerSharing(Strict):
@@ -61,6 +65,11 @@ class ShareConfig(StageConfig):
     occurs in the training text (plus one), so the rank goes to the rows the model reads most;
     uniform = every row alike (the plain best rank-E approximation of the table)."""
     vocab: VocabPruning | None = None
+    ffn: int | None = Field(None, gt=0)
+    """Keep the N feed-forward neurons of every layer that carry most of its output on the training text
+    (expected squared activation times outgoing weight norm) and drop the rest: a plain model with
+    ``intermediate_size`` N, unlike tying nothing is shared, so exported graphs keep fusable layers.
+    Unset: keep them all."""
     positions: int | None = Field(None, gt=0)
     """Keep the position-table rows for inputs of up to N tokens (BERT learns 512) and drop the rest;
     N must cover task.max_length and every target's sequence lengths. Unset: keep them all."""
@@ -74,8 +83,9 @@ class ShareConfig(StageConfig):
             and self.embedding_rank is None
             and self.vocab is None
             and self.positions is None
+            and self.ffn is None
         ):
-            raise ValueError("give at least one of layers, embedding_rank, vocab or positions")
+            raise ValueError("give at least one of layers, embedding_rank, vocab, positions or ffn")
         return self
 
 
@@ -93,6 +103,23 @@ def _measure(
     shown = "n/a" if accuracy is None else f"{accuracy:.4f}"
     log.info("share %s: %s parameters, eval accuracy %s", step, f"{row['parameters']:,}", shown)
     return row
+
+
+def _sample_batches(
+    ctx: StageContext, model: Any, tokenizer: Any, rows: int = FFN_SAMPLE_ROWS, batch_size: int = 64
+) -> list[dict[str, Any]]:
+    """Evenly spaced training rows, encoded in batches the model takes (what ``share.ffn`` ranks on)."""
+    import torch
+
+    from compress.training import encode, forward_inputs
+
+    train = ctx.split("train")
+    step = max(1, len(train) // rows)
+    sample = train.subset(list(range(0, len(train), step))[:rows])
+    loader = torch.utils.data.DataLoader(
+        encode(tokenizer, sample, ctx.recipe.task.max_length), batch_size=batch_size
+    )
+    return [forward_inputs(model, batch) for batch in loader]
 
 
 def _transform(ctx: StageContext, cfg: ShareConfig, model: Any, tokenizer: Any) -> tuple[Any, list[dict]]:
@@ -129,6 +156,11 @@ def _transform(ctx: StageContext, cfg: ShareConfig, model: Any, tokenizer: Any) 
         quality["weights"] = cfg.embedding_weights
         set_sharing_spec(model, embedding_rank=cfg.embedding_rank)
         steps.append(_measure(ctx, model, tokenizer, "embedding", quality))
+    if cfg.ffn is not None:
+        from compress.share.ffn import neuron_importance, prune_ffn
+
+        importance = neuron_importance(model, _sample_batches(ctx, model, tokenizer))
+        steps.append(_measure(ctx, model, tokenizer, "ffn", prune_ffn(model, cfg.ffn, importance)))
     if cfg.layers is not None:
         plan = make_plan(
             cfg.layers.mode, len(encoder_layers(model)), cfg.layers.groups, cfg.layers.relax_rank

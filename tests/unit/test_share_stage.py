@@ -67,8 +67,35 @@ def test_share_stage_needs_a_transform(tmp_path, tiny_bert_dir, reviews):
         data=reviews,
         stages="  - type: share\n    recovery: null\n",
     )
-    with pytest.raises(RecipeError, match="at least one of layers, embedding_rank, vocab or positions"):
+    with pytest.raises(RecipeError, match="at least one of layers, embedding_rank, vocab, positions or ffn"):
         load_recipe(path)
+
+
+def test_ffn_pruning_in_the_stage_gives_a_plain_narrower_checkpoint(tmp_path, tiny_bert_dir, reviews):
+    stages = "  - type: share\n    embedding_rank: 8\n    ffn: 40\n    recovery: null\n"
+    path = write_recipe(tmp_path / "r.yaml", teacher=tiny_bert_dir, data=reviews, stages=stages)
+    recipe = load_recipe(path)
+    stage = run_recipe(recipe, tmp_path / "runs").stages[0]
+    metrics = read_json(stage.dir / "manifest.json")["metrics"]
+    assert [s["step"] for s in metrics["steps"]] == ["input", "embedding", "ffn"]
+    ffn = metrics["steps"][-1]
+    assert (ffn["ffn_before"], ffn["ffn_after"]) == (64, 40) and len(ffn["energy_kept"]) == 2
+    assert all(0 < kept < 1 for kept in ffn["energy_kept"])
+    assert ffn["parameters"] == metrics["steps"][1]["parameters"] - 2 * 24 * (2 * 32 + 1)
+    model, _ = load_shared_classifier(stage.dir)
+    assert model.config.intermediate_size == 40
+    assert all(layer.intermediate.dense.out_features == 40 for layer in encoder_layers(model))
+    assert parameter_stats(model)["bytes"] == metrics["bytes"]
+
+
+def test_an_ffn_width_the_model_does_not_have_is_one_line(tmp_path, tiny_bert_dir, reviews):
+    stages = "  - type: share\n    ffn: 64\n    recovery: null\n"
+    path = write_recipe(tmp_path / "r.yaml", teacher=tiny_bert_dir, data=reviews, stages=stages)
+    recipe = load_recipe(path)
+    refused = r"stages\[0\]\.ffn: 64 must be between 1 and the model's width 63$"
+    with pytest.raises(RecipeError, match=refused):
+        run_recipe(recipe, tmp_path / "runs")
+    assert not list((tmp_path / "runs").glob("*/01-share/model.safetensors"))
 
 
 @pytest.mark.slow
