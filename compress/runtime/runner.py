@@ -405,6 +405,11 @@ class Encoder:
         self.max_length = max_length
 
     def encode(self, texts: list[str], pairs: list[str] | None) -> list[tuple[list[int], list[int]]]:
+        if len(texts) == 1 and (pairs is None or len(pairs) == 1):
+            # one request: encode_batch hands even a single text to its thread pool, which costs more
+            # than tokenising it here
+            e = self.tokenizer.encode(texts[0], None if pairs is None else pairs[0])
+            return [(e.ids, e.type_ids)]
         inputs: list[Any] = texts if pairs is None else list(zip(texts, pairs, strict=True))
         return [(e.ids, e.type_ids) for e in self.tokenizer.encode_batch(inputs)]
 

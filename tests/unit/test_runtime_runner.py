@@ -311,3 +311,15 @@ def test_an_interpreter_the_model_was_not_made_for_runs_it_with_a_warning(
         "(pip install ai-edge-litert)"
     )
     assert (warning in said) == warned and ("WARNING" in said) == warned, said
+
+
+def test_one_request_encodes_as_its_batch_would(artifacts: dict[str, Path]):
+    encoder = rt.Encoder(artifacts["onnx"] / "tokenizer.json", 12)
+    texts = [*TEXTS, "word " * 40]  # the last one is truncated
+    batch = encoder.encode(texts, None)
+    assert [encoder.encode([text], None)[0] for text in texts] == batch
+    assert len(batch[-1][0]) == 12
+    pairs = ["second text", "another one", "x", "y"]
+    batch = encoder.encode(texts, pairs)
+    assert [encoder.encode([t], [p])[0] for t, p in zip(texts, pairs, strict=True)] == batch
+    assert any(1 in type_ids for _, type_ids in batch)  # the second segment is marked
