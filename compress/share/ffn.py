@@ -21,10 +21,10 @@ import torch
 
 from compress.errors import ModelError, RecipeError
 
-# Per encoder family: the layer list, the block's first and second linear, and the config key of I.
-_FFN_LAYOUTS: list[tuple[str, str, str, str]] = [
-    ("encoder.layer", "intermediate.dense", "output.dense", "intermediate_size"),
-    ("transformer.layer", "ffn.lin1", "ffn.lin2", "hidden_dim"),
+# Per encoder family: a layer's first and second feed-forward linear, and the config key of their width.
+_FFN_LAYOUTS: list[tuple[str, str, str]] = [
+    ("intermediate.dense", "output.dense", "intermediate_size"),
+    ("ffn.lin1", "ffn.lin2", "hidden_dim"),
 ]
 
 
@@ -36,18 +36,37 @@ def _get(node: Any, path: str) -> Any:
 
 def ffn_linears(model: torch.nn.Module) -> tuple[list[tuple[torch.nn.Linear, torch.nn.Linear]], str]:
     """Each layer's (first, second) feed-forward linear and the config key that sizes them."""
-    base = getattr(model, "base_model", model)
-    for layers_path, first, second, key in _FFN_LAYOUTS:
-        layers = _get(base, layers_path)
-        if not isinstance(layers, torch.nn.ModuleList):
-            continue
+    from compress.share.tying import encoder_layers
+
+    layers = encoder_layers(model)
+    for first, second, key in _FFN_LAYOUTS:
         pairs = [(_get(layer, first), _get(layer, second)) for layer in layers]
-        if all(isinstance(a, torch.nn.Linear) and isinstance(b, torch.nn.Linear) for a, b in pairs):
-            return pairs, key
+        if not all(type(a) is torch.nn.Linear and type(b) is torch.nn.Linear for a, b in pairs):
+            continue
+        if len({id(b) for _, b in pairs}) < len(pairs):
+            raise ModelError(
+                "share.ffn: this model's feed-forward blocks are tied by an earlier share stage; "
+                "put ffn: N in that stage (it prunes before it ties)"
+            )
+        return pairs, key
     raise ModelError(
-        f"{type(model).__name__}: share.ffn supports BERT-family encoders with plain linear feed-forward "
-        "blocks (BERT, RoBERTa, ELECTRA, MiniLM, DistilBERT); prune before tying layers"
+        f"{type(model).__name__}: share.ffn needs plain linear feed-forward blocks (BERT, RoBERTa, "
+        "ELECTRA, MiniLM, DistilBERT) that no earlier share stage relaxed; prune before tying layers"
     )
+
+
+def check_size(model: torch.nn.Module, size: int) -> None:
+    """Refuse a width the layers cannot be pruned to (before any neuron is ranked)."""
+    pairs, _ = ffn_linears(model)
+    widths = {second.in_features for _, second in pairs}
+    if len(widths) != 1:
+        raise ModelError(f"share.ffn: the layers' feed-forward widths differ ({sorted(widths)}); need one")
+    width = widths.pop()
+    if not 0 < size < width:
+        raise RecipeError(
+            f"share.ffn: {size} must be between 1 and {width - 1} (the feed-forward width is {width}); "
+            f"e.g. ffn: {width * 2 // 3}"
+        )
 
 
 @torch.no_grad()
@@ -55,13 +74,13 @@ def neuron_importance(model: torch.nn.Module, batches: list[dict[str, torch.Tens
     """Per layer, ``E[a_i^2] * ||W_out[:, i]||^2`` over the non-padding tokens of ``batches``."""
     pairs, _ = ffn_linears(model)
     sums = [torch.zeros(second.in_features, dtype=torch.float64) for _, second in pairs]
-    mask: list[torch.Tensor] = []
+    current: dict[str, torch.Tensor] = {}  # the batch's attention mask, read by the hooks
     tokens = 0
 
     def hook(index: int):
         def record(_module: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:
             activations = inputs[0].double() ** 2  # (batch, seq, I): the second linear's input
-            sums[index] += (activations * mask[0][..., None]).sum(dim=(0, 1))
+            sums[index] += (activations * current["mask"][..., None]).sum(dim=(0, 1))
 
         return record
 
@@ -70,7 +89,7 @@ def neuron_importance(model: torch.nn.Module, batches: list[dict[str, torch.Tens
     model.eval()
     try:
         for batch in batches:
-            mask[:] = [batch["attention_mask"].double()]
+            current["mask"] = batch["attention_mask"].double()
             tokens += int(batch["attention_mask"].sum())
             model(**batch)
     finally:
@@ -89,12 +108,9 @@ def prune_ffn(model: torch.nn.Module, size: int, importance: list[torch.Tensor])
 
     Returns the width before and after and the share of the measured output energy kept per layer.
     """
+    check_size(model, size)
     pairs, key = ffn_linears(model)
     width = pairs[0][1].in_features
-    if any(second.in_features != width for _, second in pairs):
-        raise ModelError("share.ffn: the layers' feed-forward widths differ; prune a model with one width")
-    if not 0 < size < width:
-        raise RecipeError(f"share.ffn: {size} must be between 1 and the model's width {width - 1}")
     kept_energy = []
     for (first, second), score in zip(pairs, importance, strict=True):
         keep = torch.topk(score, size).indices.sort().values

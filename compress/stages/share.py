@@ -157,8 +157,9 @@ def _transform(ctx: StageContext, cfg: ShareConfig, model: Any, tokenizer: Any) 
         set_sharing_spec(model, embedding_rank=cfg.embedding_rank)
         steps.append(_measure(ctx, model, tokenizer, "embedding", quality))
     if cfg.ffn is not None:
-        from compress.share.ffn import neuron_importance, prune_ffn
+        from compress.share.ffn import check_size, neuron_importance, prune_ffn
 
+        check_size(model, cfg.ffn)
         importance = neuron_importance(model, _sample_batches(ctx, model, tokenizer))
         steps.append(_measure(ctx, model, tokenizer, "ffn", prune_ffn(model, cfg.ffn, importance)))
     if cfg.layers is not None:

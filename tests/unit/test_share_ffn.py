@@ -75,10 +75,12 @@ def test_pruning_keeps_the_strongest_neurons_in_their_order(tiny_bert_dir: Path)
     model, _ = load_classifier(tiny_bert_dir)
     pairs, _ = ffn_linears(model)
     width = pairs[0][1].in_features
-    scores = [torch.arange(width, dtype=torch.float64).flip(0) for _ in pairs]  # neuron 0 matters most
-    originals = [(first.weight[:3].clone(), second.weight[:, :3].clone()) for first, second in pairs]
+    score = torch.zeros(width, dtype=torch.float64)
+    score[[9, 2, 5]] = torch.tensor([3.0, 1.0, 2.0], dtype=torch.float64)  # topk gives them as 9, 5, 2
+    keep = [2, 5, 9]
+    originals = [(first.weight[keep].clone(), second.weight[:, keep].clone()) for first, second in pairs]
 
-    prune_ffn(model, 3, scores)
+    prune_ffn(model, 3, [score] * len(pairs))
 
     for (first, second), (w_in, w_out) in zip(ffn_linears(model)[0], originals, strict=True):
         assert torch.equal(first.weight, w_in) and torch.equal(second.weight, w_out)
@@ -89,7 +91,43 @@ def test_bad_sizes_and_models_are_refused(tiny_bert_dir: Path):
     width = model.config.intermediate_size
     scores = [torch.ones(width, dtype=torch.float64)] * model.config.num_hidden_layers
     for size in (0, width, width + 1):
-        with pytest.raises(RecipeError, match=rf"share\.ffn: {size} must be between 1 and .* {width - 1}"):
+        refused = rf"share\.ffn: {size} must be between 1 and {width - 1} \(the feed-forward width is"
+        with pytest.raises(RecipeError, match=refused):
             prune_ffn(model, size, scores)
-    with pytest.raises(ModelError, match=r"share\.ffn supports BERT-family encoders"):
+    with pytest.raises(ModelError, match="has no encoder layer list"):
         ffn_linears(torch.nn.Linear(2, 2))
+
+
+def test_a_model_whose_feed_forward_blocks_are_tied_is_refused(tiny_bert_dir: Path):
+    from compress.share.tying import make_plan, tie_layers
+
+    model, _ = load_classifier(tiny_bert_dir)
+    tie_layers(model, make_plan("ffn", model.config.num_hidden_layers), init="mean")
+    with pytest.raises(ModelError, match=r"tied by an earlier share stage; put ffn: N in that stage"):
+        ffn_linears(model)
+    relaxed, _ = load_classifier(tiny_bert_dir)
+    tie_layers(relaxed, make_plan("all", relaxed.config.num_hidden_layers, relax_rank=2), init="mean")
+    with pytest.raises(ModelError, match="prune before tying layers"):
+        ffn_linears(relaxed)
+
+
+def test_distilbert_blocks_prune_and_reload(tmp_path: Path):
+    from transformers import DistilBertConfig, DistilBertForSequenceClassification
+
+    torch.manual_seed(0)
+    config = DistilBertConfig(vocab_size=40, dim=16, n_layers=2, n_heads=2, hidden_dim=32, num_labels=2)
+    model = DistilBertForSequenceClassification(config).eval()
+    ids = torch.randint(5, 40, (2, 7))
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    with torch.no_grad():
+        for _, second in ffn_linears(model)[0]:
+            second.weight[:, 16:] = 0  # half the neurons add nothing
+    before = _logits(model, batch)
+
+    record = prune_ffn(model, 16, neuron_importance(model, [batch]))
+
+    assert record["energy_kept"] == [1.0, 1.0] and model.config.hidden_dim == 16
+    torch.testing.assert_close(_logits(model, batch), before, rtol=1e-5, atol=1e-5)
+    model.save_pretrained(str(tmp_path / "pruned"))
+    loaded = DistilBertForSequenceClassification.from_pretrained(str(tmp_path / "pruned"))
+    torch.testing.assert_close(_logits(loaded, batch), before, rtol=1e-5, atol=1e-5)

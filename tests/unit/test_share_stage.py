@@ -92,7 +92,7 @@ def test_an_ffn_width_the_model_does_not_have_is_one_line(tmp_path, tiny_bert_di
     stages = "  - type: share\n    ffn: 64\n    recovery: null\n"
     path = write_recipe(tmp_path / "r.yaml", teacher=tiny_bert_dir, data=reviews, stages=stages)
     recipe = load_recipe(path)
-    refused = r"stages\[0\]\.ffn: 64 must be between 1 and the model's width 63$"
+    refused = r"stages\[0\]\.ffn: 64 must be between 1 and 63 \(the feed-forward width is 64\); e\.g\. ffn"
     with pytest.raises(RecipeError, match=refused):
         run_recipe(recipe, tmp_path / "runs")
     assert not list((tmp_path / "runs").glob("*/01-share/model.safetensors"))
