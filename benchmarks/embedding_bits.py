@@ -23,6 +23,21 @@ if not __package__:  # run as ``python benchmarks/embedding_bits.py``: make the 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 COLUMNS = {"sst2": ("sentence", None, "label"), "mrpc": ("#1 String", "#2 String", "Quality")}
+# name -> quantize_onnx settings of the tables (dynamic, per-channel int8 everywhere else)
+VARIANTS = {
+    "int8": {"embedding_bits": 8},
+    "int4": {"embedding_bits": 4},
+    "int4-b16": {"embedding_bits": 4, "embedding_block": 16},
+    "float-tables": {},  # a diagnosis, not a budget: every op type but Gather, so the tables stay fp32
+}
+
+
+def settings(name: str) -> dict:
+    if name != "float-tables":
+        return VARIANTS[name]
+    from onnxruntime.quantization.registry import IntegerOpsRegistry
+
+    return {"op_types": [t for t in sorted(IntegerOpsRegistry) if t != "Gather"]}
 
 
 def read_rows(path: Path, task: str) -> tuple[list[str], list[str] | None, np.ndarray]:
@@ -49,7 +64,9 @@ def shown(path: Path) -> str:
         return path.name if not path.is_absolute() else str(Path(*path.parts[-2:]))
 
 
-def compare(work: Path, task: str, dev: tuple, scratch: Path) -> dict:
+def compare(
+    work: Path, task: str, dev: tuple, scratch: Path, variants: tuple[str, ...] = ("int8", "int4")
+) -> dict:
     from compress.quantize.onnx import quantize_onnx
 
     found = sorted(p for p in (work / "runs").iterdir() if p.is_dir())
@@ -59,9 +76,9 @@ def compare(work: Path, task: str, dev: tuple, scratch: Path) -> dict:
     fp32 = run / "03-export" / "arm64-onnx-fp32"
     held = read_rows(work / "data" / "heldout.tsv", task)
     folders = {"fp32": fp32}
-    for bits in (8, 4):
-        folders[f"int{bits}"] = scratch / f"{work.parent.name}-{task}-int{bits}"
-        quantize_onnx(fp32, folders[f"int{bits}"], scheme="dynamic", per_channel=True, embedding_bits=bits)
+    for name in variants:
+        folders[name] = scratch / f"{work.parent.name}-{task}-{name}"
+        quantize_onnx(fp32, folders[name], scheme="dynamic", per_channel=True, **settings(name))
     preds = {k: {"heldout": measure(f, held), "dev": measure(f, dev)} for k, f in folders.items()}
     out = {"run": shown(work), "rows": {"heldout": len(held[2]), "dev": len(dev[2])}}
     for name, folder in folders.items():
@@ -82,12 +99,19 @@ def main() -> None:
     parser.add_argument("--task", choices=list(COLUMNS), required=True)
     parser.add_argument("--shared", type=Path, required=True, help="folder with data/<task>/dev.tsv")
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        choices=list(VARIANTS),
+        default=["int8", "int4"],
+        help="table storages to compare",
+    )
     args = parser.parse_args()
     dev = read_rows(args.shared / "data" / args.task / "dev.tsv", args.task)
     results = []
     with tempfile.TemporaryDirectory() as scratch:
         for work in args.runs:
-            results.append(compare(work, args.task, dev, Path(scratch)))
+            results.append(compare(work, args.task, dev, Path(scratch), tuple(args.variants)))
             print(json.dumps(results[-1]), file=sys.stderr, flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"task": args.task, "runs": results}, indent=1) + "\n", encoding="utf-8")

@@ -42,3 +42,21 @@ def test_compare_quantizes_one_export_both_ways_and_measures_each_split(tmp_path
     (work / "runs" / "another").mkdir()
     with pytest.raises(SystemExit, match="expected one run folder, found"):
         compare(work, "sst2", read_rows(tmp_path / "dev.tsv", "sst2"), tmp_path / "scratch2")
+
+
+def test_other_table_storages_are_named_variants(tmp_path, tiny_bert_dir):
+    model, tokenizer = load_classifier(tiny_bert_dir)
+    work = tmp_path / "benchmarks-headline" / "sst2"
+    fp32 = work / "runs" / "sst2-distil3" / "03-export" / "arm64-onnx-fp32"
+    export_onnx(model, tokenizer, fp32, load_target("arm64-onnx"), name="03-export/arm64-onnx-fp32")
+    rows = [(f"{POSITIVE[i % len(POSITIVE)]} film", 1) for i in range(4)]
+    rows += [(f"{NEGATIVE[i % len(NEGATIVE)]} film", 0) for i in range(4)]
+    write_tsv(work / "data" / "heldout.tsv", rows)
+    write_tsv(tmp_path / "dev.tsv", rows)
+    dev = read_rows(tmp_path / "dev.tsv", "sst2")
+
+    out = compare(work, "sst2", dev, tmp_path / "scratch", ("int4", "int4-b16", "int8", "float-tables"))
+
+    # smaller blocks carry more scales; fp32 tables beside int8 matmuls are the largest quantized file
+    sizes = [out[name]["bytes"] for name in ("int4", "int4-b16", "int8", "float-tables", "fp32")]
+    assert sizes == sorted(sizes) and len(set(sizes)) == len(sizes)
