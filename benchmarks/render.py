@@ -168,6 +168,31 @@ def time_table(task_rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def op_table(task_rows: list[dict[str, Any]]) -> list[str]:
+    """Where each ONNX row's runtime call goes by kind of kernel (``benchmarks/op_profile.py``): shares of
+    the profiled run time, the session's time outside any kernel included; empty when nothing was profiled."""
+    from benchmarks.op_profile import COLUMNS
+
+    profiled = [r for r in task_rows if r.get("op_profile")]
+    if not profiled:
+        return []
+    head = ["row", "profiled run µs", "outside kernels", *COLUMNS, "largest op type"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in profiled:
+        prof = r["op_profile"]
+        run = prof["run_us"]
+        top = prof["ops"][0] if prof["ops"] else None
+        cells = [
+            r["row"],
+            f"{run:.0f}",
+            f"{100 * prof['outside_kernels']:.0f}%",
+            *(f"{100 * prof['kinds_us'][kind] / run:.0f}%" for kind in COLUMNS),
+            f"{top['op']} ×{top['nodes']} ({100 * top['us'] / run:.0f}%)" if top else "—",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
 def verdict_lines(verdict: dict[str, Any]) -> list[str]:
     if not verdict.get("headline"):
         return [f"Headline: {verdict.get('detail', 'not measured')}."]
@@ -230,6 +255,17 @@ def markdown(results: dict[str, Any]) -> str:
                 "so they need not add up to the request's p50; the PyTorch inductor row is timed whole):",
                 "",
                 *breakdown,
+            ]
+        ops = op_table(task_rows)
+        if ops:
+            out += [
+                "",
+                "Where the ONNX Runtime call goes (ONNX Runtime's profiler over the same batch-1 requests, "
+                "each row in a process of its own; shares of the profiled run time by kind of kernel, and "
+                "outside any kernel: feeding inputs, allocating outputs, handing work to threads. The "
+                "profiler slows every kernel call, so read shares, not times):",
+                "",
+                *ops,
             ]
         if task in results["headline"]:
             out += ["", *verdict_lines(results["headline"][task])]

@@ -37,7 +37,7 @@ import yaml
 if not __package__:  # run as ``python benchmarks/suite.py``: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import compress_rows, hardware, peers, render, rounds, rows, torch_int8
+from benchmarks import compress_rows, hardware, op_profile, peers, render, rounds, rows, torch_int8
 from compress.metrics import RESAMPLES
 
 log = logging.getLogger("benchmarks")
@@ -332,6 +332,8 @@ def measure_task(
     rounds.measure_rounds(
         found, dev.texts, dev.pairs, args.rounds, args.warmup, args.latency_samples or len(dev)
     )
+    log.info("%s: profiling the ONNX rows' runtime calls by op type", task.name)
+    op_profile.profile_rows(found, dev.texts, dev.pairs, args.warmup, args.latency_samples or len(dev))
     return found, runs, dev.labels
 
 

@@ -345,9 +345,12 @@ class TFLiteSession:
 
 
 class OnnxSession:
-    """onnxruntime on the CPU; batch and sequence axes may be dynamic, dtypes come from the model."""
+    """onnxruntime on the CPU; batch and sequence axes may be dynamic, dtypes come from the model.
 
-    def __init__(self, model: Path, threads: int):
+    ``profile``: a file prefix for ONNX Runtime's profiler (one event per kernel call, which slows every
+    call: for finding where the time goes, never for timing); ``end_profiling`` returns the trace's path."""
+
+    def __init__(self, model: Path, threads: int, profile: str | None = None):
         try:
             import onnxruntime as ort
         except ImportError as exc:
@@ -357,6 +360,9 @@ class OnnxSession:
         options = ort.SessionOptions()
         options.intra_op_num_threads = self.threads = threads
         options.inter_op_num_threads = 1
+        if profile:
+            options.enable_profiling = True
+            options.profile_file_prefix = profile
         try:
             self._session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
         except Exception as exc:  # onnxruntime raises its own pybind types (InvalidProtobuf, Fail, ...)
@@ -382,6 +388,9 @@ class OnnxSession:
 
     def run(self, feeds: dict[str, np.ndarray]) -> np.ndarray:
         return np.asarray(self._session.run([self._output], feeds)[0], dtype=np.float32)
+
+    def end_profiling(self) -> str:
+        return self._session.end_profiling()
 
 
 class Encoder:

@@ -178,8 +178,20 @@ def test_results_are_written_as_json_markdown_and_plot(tmp_path: Path):
         "recipes": [],
         "headline": {"mrpc": rows.headline_verdict(table, "distil3", "tflite")},
     }
+    kinds = {"matmul": 50.0, "act. quant": 5.0, "attention": 10.0, "layer norm": 5.0}
+    kinds |= {"GELU": 5.0, "lookup": 5.0, "other": 0.0}
+    table[1]["op_profile"] = {
+        "requests": 4,
+        "run_us": 100.0,
+        "kernel_us": 80.0,
+        "outside_kernels": 0.2,
+        "kinds_us": kinds,
+        "ops": [{"op": "DynamicQuantizeMatMul", "kind": "matmul", "nodes": 12, "us": 40.0}],
+    }
     render.write_all(results, tmp_path / "out")
     text = (tmp_path / "out" / "results.md").read_text()
+    assert "Where the ONNX Runtime call goes" in text
+    assert "| 100 | 20% | 50% | 5% | 10% | 5% | 5% | 5% | 0% | DynamicQuantizeMatMul ×12 (40%) |" in text
     assert "| F1 |" in text and "quick harness check" in text
     assert "not strictly ahead of every peer row" in text and "(2.00 padded)" in text
     assert (tmp_path / "out" / "plot.png").stat().st_size > 1000
