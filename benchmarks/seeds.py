@@ -1,7 +1,8 @@
 """Several seeds of one recipe, side by side: the spread a single suite run cannot show.
 
 Each argument is a results folder (or results.json) that ``benchmarks/suite.py`` wrote for one seed
-of the same recipe, e.g. ``--only compress --set seed=1``. The teacher's accuracy comes from a folder
+of the same recipe, e.g. ``--only compress --set seed=1``; a seed may also come as one folder per task
+(two single-task runs), but never two folders of one seed and task. The teacher's accuracy comes from a folder
 that measured the peers (a full run); the compress rows are matched by task and row name. Nothing
 here measures anything: it reads the suite's own numbers and writes ``seeds.md``, ``seeds.json`` and
 ``seeds.png``.
@@ -107,19 +108,48 @@ def seed_intervals(
     return {"vs": row["row"], "per_seed": per_seed, "pooled": pooled}
 
 
+def tasks_of(results: dict[str, Any]) -> set[str]:
+    return {row["task"] for row in results["rows"] if row["group"] == "compress"}
+
+
+def runs_by_seed(runs: list[dict[str, Any]], task: str) -> dict[int, dict[str, Any]]:
+    """The one run of each seed that measured ``task``'s compress rows (a seed may come as one run per
+    task, e.g. two single-task suite runs of seed 0)."""
+    found: dict[int, dict[str, Any]] = {}
+    for results in runs:
+        if task not in tasks_of(results):
+            continue
+        seed = seed_of(results)
+        if seed in found:
+            raise SystemExit(
+                f"two runs share seed {seed} for {task} ({found[seed]['_file']}, {results['_file']}): "
+                "pass one results folder per seed and task"
+            )
+        found[seed] = results
+    return found
+
+
 def aggregate(runs: list[dict[str, Any]], resamples: int = RESAMPLES) -> dict[str, Any]:
-    seeds = [seed_of(r) for r in runs]
-    if len(set(seeds)) != len(seeds):
-        raise SystemExit(f"two runs share a seed ({seeds}): pass one results folder per seed")
+    seeds = sorted({seed_of(r) for r in runs})
     tasks: dict[str, Any] = {}
-    for task in sorted({row["task"] for r in runs for row in r["rows"] if row["group"] == "compress"}):
+    for task in sorted(set().union(*(tasks_of(r) for r in runs))):
+        by_seed = runs_by_seed(runs, task)
+        missing = [s for s in seeds if s not in by_seed]
+        if missing:
+            raise SystemExit(
+                f"no run of seed {missing[0]} measured {task}: pass its results folder too, or drop the seed"
+            )
+        task_runs = [by_seed[s] for s in seeds]
         reference = teacher_row(runs, task)
         teacher = float(reference[0]["accuracy"])
-        names = [row["row"] for row in runs[0]["rows"] if row["task"] == task and row["group"] == "compress"]
+        names = [
+            row["row"] for row in task_runs[0]["rows"] if row["task"] == task and row["group"] == "compress"
+        ]
         rows = []
         for name in names:
             found = [
-                next((x for x in r["rows"] if x["task"] == task and x["row"] == name), None) for r in runs
+                next((x for x in r["rows"] if x["task"] == task and x["row"] == name), None)
+                for r in task_runs
             ]
             if any(x is None for x in found):
                 continue
@@ -132,7 +162,9 @@ def aggregate(runs: list[dict[str, Any]], resamples: int = RESAMPLES) -> dict[st
                     "share_of_teacher": spread([a / teacher for a in accuracy]),
                     "bytes": spread([float(x["bytes"]) for x in found]),
                     "p50_ms": spread([float(x["p50_ms"]) for x in found]),
-                    "accuracy_vs_teacher": seed_intervals(found, runs, seeds, task, reference, resamples),
+                    "accuracy_vs_teacher": seed_intervals(
+                        found, task_runs, seeds, task, reference, resamples
+                    ),
                 }
             )
         tasks[task] = {"teacher_accuracy": teacher, "rows": rows}

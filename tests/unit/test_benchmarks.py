@@ -437,7 +437,7 @@ def test_seeds_refuse_repeated_seeds_and_a_missing_teacher(tmp_path):
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     twice = [seeds.load(_seed_run(tmp_path / d, 1, 0.8, with_teacher=True)) for d in ("a", "b")]
-    with pytest.raises(SystemExit, match="share a seed"):
+    with pytest.raises(SystemExit, match="two runs share seed 1 for sst2"):
         seeds.aggregate(twice)
     with pytest.raises(SystemExit, match="no run measured the sst2 teacher"):
         seeds.aggregate([seeds.load(_seed_run(tmp_path, 3, 0.8, with_teacher=False))])
@@ -486,3 +486,33 @@ def test_fused_ort_peer_fuses_attention_and_computes_the_teacher(tmp_path, tiny_
         for name in ("fp32", "fused")
     }
     assert np.abs(run["fused"] - run["fp32"]).max() < 0.05
+
+
+def _task_rows(task: str, accuracy: float, with_teacher: bool) -> list[dict]:
+    rows_ = [{"task": task, "group": "compress", "row": "x · ONNX Runtime int8", "format": "onnx"}]
+    rows_[0] |= {"accuracy": accuracy, "bytes": 100, "p50_ms": 1.0}
+    if with_teacher:
+        rows_.append({"task": task, "group": "teacher", "row": "teacher · PyTorch fp32", "format": "torch"})
+        rows_[1] |= {"accuracy": 0.8, "bytes": 400, "p50_ms": 4.0}
+    return rows_
+
+
+def test_a_seed_may_come_as_one_single_task_run_per_task(tmp_path):
+    def run(name, seed, rows_):
+        folder = tmp_path / name
+        folder.mkdir()
+        command = "python benchmarks/suite.py" + (f" --set seed={seed}" if seed else "")
+        (folder / "results.json").write_text(json.dumps({"command": command, "rows": rows_}))
+        return seeds.load(folder)
+
+    sst2 = run("s0-sst2", 0, _task_rows("sst2", 0.76, True))
+    mrpc = run("s0-mrpc", 0, _task_rows("mrpc", 0.72, True))
+    both = run("s1", 1, _task_rows("sst2", 0.78, False) + _task_rows("mrpc", 0.74, False))
+
+    summary = seeds.aggregate([sst2, mrpc, both])
+    assert summary["seeds"] == [0, 1]
+    assert summary["tasks"]["sst2"]["rows"][0]["accuracy"] == {"0": 0.76, "1": 0.78}
+    assert summary["tasks"]["mrpc"]["rows"][0]["accuracy"] == {"0": 0.72, "1": 0.74}
+
+    with pytest.raises(SystemExit, match="no run of seed 0 measured mrpc: pass its results folder too"):
+        seeds.aggregate([sst2, both])
