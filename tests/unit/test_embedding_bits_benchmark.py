@@ -16,13 +16,19 @@ def write_tsv(path, rows):
     path.write_text("sentence\tlabel\n" + "".join(f"{t}\t{y}\n" for t, y in rows), encoding="utf-8")
 
 
-def test_compare_quantizes_one_export_both_ways_and_measures_each_split(tmp_path, tiny_bert_dir):
+def finished_run(tmp_path, tiny_bert_dir, per_label: int):
+    """A suite work folder holding one run's fp32 ONNX export, and ``per_label`` rows of each label."""
     model, tokenizer = load_classifier(tiny_bert_dir)
     work = tmp_path / "benchmarks-headline" / "sst2"
     fp32 = work / "runs" / "sst2-distil3" / "03-export" / "arm64-onnx-fp32"
     export_onnx(model, tokenizer, fp32, load_target("arm64-onnx"), name="03-export/arm64-onnx-fp32")
-    rows = [(f"{POSITIVE[i % len(POSITIVE)]} film", 1) for i in range(6)]
-    rows += [(f"{NEGATIVE[i % len(NEGATIVE)]} film", 0) for i in range(6)]
+    rows = [(f"{POSITIVE[i % len(POSITIVE)]} film", 1) for i in range(per_label)]
+    rows += [(f"{NEGATIVE[i % len(NEGATIVE)]} film", 0) for i in range(per_label)]
+    return work, rows
+
+
+def test_compare_quantizes_one_export_both_ways_and_measures_each_split(tmp_path, tiny_bert_dir):
+    work, rows = finished_run(tmp_path, tiny_bert_dir, 6)
     write_tsv(work / "data" / "heldout.tsv", rows[::2])
     write_tsv(tmp_path / "dev.tsv", rows[1::2])
 
@@ -45,12 +51,7 @@ def test_compare_quantizes_one_export_both_ways_and_measures_each_split(tmp_path
 
 
 def test_other_table_storages_are_named_variants(tmp_path, tiny_bert_dir):
-    model, tokenizer = load_classifier(tiny_bert_dir)
-    work = tmp_path / "benchmarks-headline" / "sst2"
-    fp32 = work / "runs" / "sst2-distil3" / "03-export" / "arm64-onnx-fp32"
-    export_onnx(model, tokenizer, fp32, load_target("arm64-onnx"), name="03-export/arm64-onnx-fp32")
-    rows = [(f"{POSITIVE[i % len(POSITIVE)]} film", 1) for i in range(4)]
-    rows += [(f"{NEGATIVE[i % len(NEGATIVE)]} film", 0) for i in range(4)]
+    work, rows = finished_run(tmp_path, tiny_bert_dir, 4)
     write_tsv(work / "data" / "heldout.tsv", rows)
     write_tsv(tmp_path / "dev.tsv", rows)
     dev = read_rows(tmp_path / "dev.tsv", "sst2")
