@@ -16,7 +16,6 @@ and never replace the timed rounds. Shares are what to read.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -153,10 +152,10 @@ def profile_rows(
 
 def main(argv: list[str]) -> int:
     """The worker: one JSON line on stdout; anything a library prints goes to stderr."""
+    from benchmarks.rounds import reply_stream
+
     (request_path,) = argv
-    replies = os.fdopen(os.dup(sys.stdout.fileno()), "w", encoding="utf-8")
-    sys.stdout.flush()
-    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    replies = reply_stream()
     replies.write(json.dumps(profile(json.loads(Path(request_path).read_text(encoding="utf-8")))) + "\n")
     replies.flush()
     return 0

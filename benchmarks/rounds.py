@@ -204,12 +204,19 @@ def serve(request: dict[str, Any], commands: TextIO, replies: TextIO) -> None:
         replies.flush()
 
 
-def main(argv: list[str]) -> int:
-    """The server: replies go to the original stdout; anything a library prints goes to stderr."""
-    (request_path,) = argv
+def reply_stream() -> TextIO:
+    """A worker's replies: the original stdout, kept apart; from here on, anything a library prints to
+    stdout goes to stderr, so it never mixes with the replies the parent reads."""
     replies = os.fdopen(os.dup(sys.stdout.fileno()), "w", encoding="utf-8")
     sys.stdout.flush()
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    return replies
+
+
+def main(argv: list[str]) -> int:
+    """The server: replies go to the original stdout; anything a library prints goes to stderr."""
+    (request_path,) = argv
+    replies = reply_stream()
     serve(json.loads(Path(request_path).read_text()), sys.stdin, replies)
     return 0
 
