@@ -72,6 +72,13 @@ ABLATIONS: list[tuple[str, dict[str, Any]]] = [
         "soft+swapped pairs",
         {"layers": 3, "weights": {"soft": 1.0}, "augment": {"multiplier": 0, "swap_pairs": True}},
     ),
+    # Issue 16, pair tasks: new pairs of the task's own sentences, each first sentence with the two
+    # second sentences of other pairs that share most of its words (related, rarely paraphrases: the
+    # kind of near miss MRPC's negatives are), teacher-labelled; triples the transfer set.
+    (
+        "soft+neighbour pairs x2",
+        {"layers": 3, "weights": {"soft": 1.0}, "augment": {"method": "pairs", "multiplier": 2}},
+    ),
 ]
 TASKS = {
     "sst2": {"text": "sentence", "label": "label"},

@@ -1,10 +1,11 @@
-"""TinyBERT-style data augmentation: new sentences by swapping words for similar ones, or phrases cut
-from the sentences.
+"""TinyBERT-style data augmentation: new sentences by swapping words for similar ones, phrases cut
+from the sentences, or (pair tasks) new pairs of the task's own sentences.
 
 A small task set gives the student too few chances to see how the teacher behaves; variants of
 each sentence with some words replaced (by a masked LM's guesses in context, or by neighbours in
-the teacher's word-embedding space), or contiguous spans of its words (``method: spans``), widen it
-cheaply. The new rows have no gold label: the
+the teacher's word-embedding space), contiguous spans of its words (``method: spans``), or, for
+pair tasks, each first text matched with other rows' second texts that share its words (``method:
+pairs``), widen it cheaply. The new rows have no gold label: the
 teacher labels them through the cached logits. Only words that are one token are replaced;
 the rest of the text is kept character for character.
 """
@@ -12,7 +13,10 @@ the rest of the text is kept character for character.
 from __future__ import annotations
 
 import json
+import math
 import random
+import re
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -133,6 +137,70 @@ def span_variants(text: str, count: int, rng: random.Random) -> list[str]:
     return out
 
 
+WORD = re.compile(r"\w+")
+
+
+def tfidf(docs: list[Counter[str]], vocab: dict[str, int], idf: torch.Tensor) -> torch.Tensor:
+    """Sparse rows of L2-normalised TF-IDF weights, one per document."""
+    rows, cols, vals = [], [], []
+    for r, doc in enumerate(docs):
+        weights = {vocab[w]: n * float(idf[vocab[w]]) for w, n in doc.items()}
+        norm = math.sqrt(sum(v * v for v in weights.values())) or 1.0
+        for c, v in weights.items():
+            rows.append(r)
+            cols.append(c)
+            vals.append(v / norm)
+    return torch.sparse_coo_tensor(
+        torch.tensor([rows, cols], dtype=torch.long).reshape(2, -1),
+        torch.tensor(vals, dtype=torch.float32),
+        (len(docs), len(vocab)),
+        check_invariants=True,
+    ).coalesce()
+
+
+@torch.no_grad()
+def neighbour_pairs(
+    texts: list[str], pairs: list[str], count: int, chunk: int = 256
+) -> tuple[list[list[str]], list[list[str]]]:
+    """Per row i, up to ``count`` new pairs ``(texts[i], pairs[j])``: the second texts of other rows
+    that share the most words with ``texts[i]`` (TF-IDF cosine over lowercased words, ties to the
+    lower j). A candidate equal to row i's own second text or to ``texts[i]`` itself is skipped, so
+    no new pair repeats a row or pairs a sentence with itself. Deterministic: the text decides."""
+    docs_a = [Counter(WORD.findall(t.lower())) for t in texts]
+    docs_b = [Counter(WORD.findall(t.lower())) for t in pairs]
+    vocab: dict[str, int] = {}
+    df: Counter[str] = Counter()
+    for doc in docs_a + docs_b:
+        df.update(doc.keys())
+        for w in doc:
+            vocab.setdefault(w, len(vocab))
+    n_docs = len(docs_a) + len(docs_b)
+    idf = torch.zeros(len(vocab))
+    for w, i in vocab.items():
+        idf[i] = math.log((1 + n_docs) / (1 + df[w])) + 1
+    a = tfidf(docs_a, vocab, idf)
+    b = tfidf(docs_b, vocab, idf)
+    ids: dict[str, int] = {}
+    second = torch.tensor([ids.setdefault(t, len(ids)) for t in pairs])
+    first = torch.tensor([ids.setdefault(t, len(ids)) for t in texts])
+    k = min(count, len(pairs))
+    out_a: list[list[str]] = []
+    out_b: list[list[str]] = []
+    for start in progress(range(0, len(texts), chunk), desc="augment: neighbour pairs", leave=False):
+        stop = min(start + chunk, len(texts))
+        block = torch.sparse.mm(b, a.index_select(0, torch.arange(start, stop)).to_dense().T).T
+        own = second[start:stop, None]
+        blocked = (second[None, :] == own) | (second[None, :] == first[start:stop, None])
+        block[blocked] = -math.inf
+        scores, picks = torch.sort(block, dim=1, descending=True, stable=True)
+        scores, picks = scores[:, :k], picks[:, :k]
+        for r, (row_scores, row_picks) in enumerate(zip(scores.tolist(), picks.tolist(), strict=True)):
+            chosen = [pairs[j] for s, j in zip(row_scores, row_picks, strict=True) if s != -math.inf]
+            out_a.append([texts[start + r]] * len(chosen))
+            out_b.append(chosen)
+    return out_a, out_b
+
+
 def augment_texts(
     texts: list[str],
     tokenizer: Any,
@@ -198,6 +266,11 @@ def augment_split(
             "distill.augment.swap_pairs: the task has no second text to swap (task.text_pair is unset); "
             "remove swap_pairs (and set multiplier >= 1 if it is 0)"
         )
+    if options.method == "pairs" and split.pairs is None:
+        raise DataError(
+            "distill.augment.method: pairs needs a pair task (task.text_pair is unset); "
+            "use method: embedding or spans for single texts"
+        )
     key = sha256_json([split.sha256, options.model_dump(), seed, teacher_sha])
     path = Path(cache_dir) / "distill" / f"augment-{key[:24]}.json"
     if path.is_file():
@@ -212,7 +285,9 @@ def augment_split(
                     teacher, tokenizer, split.texts + (split.pairs or []), options.proposer, seed, mlm_folder
                 )
         texts, pairs = [[] for _ in split.texts], None
-        if options.multiplier:
+        if options.multiplier and options.method == "pairs":
+            texts, pairs = neighbour_pairs(split.texts, split.pairs, options.multiplier)
+        elif options.multiplier:
             texts = augment_texts(split.texts, tokenizer, teacher, options, seed, mlm_folder)
             if split.pairs is not None:
                 pairs = augment_texts(split.pairs, tokenizer, teacher, options, seed + 1, mlm_folder)

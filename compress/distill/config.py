@@ -125,9 +125,11 @@ class AugmentOptions(Strict):
 
     multiplier: int = Field(4, ge=0)
     """Variants per row (0: none, for ``swap_pairs`` alone)."""
-    method: Literal["embedding", "mlm", "spans"] = "embedding"
+    method: Literal["embedding", "mlm", "spans", "pairs"] = "embedding"
     """embedding/mlm: words swapped for neighbours or a masked LM's guesses (``candidates``,
-    ``replace_prob``); spans: contiguous phrases of each text's words, two words up to all but one."""
+    ``replace_prob``); spans: contiguous phrases of each text's words, two words up to all but one;
+    pairs (pair tasks): each first text with the ``multiplier`` second texts of other rows that share
+    most of its words (TF-IDF cosine), new pairs of the task's own sentences."""
     mlm_model: str | None = None
     """A masked-LM folder sharing the teacher's vocabulary (method: mlm); unset: fit one on the
     teacher's encoder (``proposer``)."""

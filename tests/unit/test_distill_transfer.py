@@ -12,6 +12,7 @@ from compress.data import Split
 from compress.distill.augment import augment_split, slots, word_tokens
 from compress.distill.config import AugmentOptions
 from compress.distill.transfer import combine, teacher_outputs
+from compress.errors import DataError
 from compress.models import load_classifier
 from compress.training import encode, forward_inputs
 from tests.helpers.tiny import NEGATIVE, POSITIVE, vocab_words
@@ -264,3 +265,61 @@ def test_span_augmentation_cuts_contiguous_phrases_of_each_text(tmp_path, tiny_b
         split(), tokenizer, teacher, options, seed=1, cache_dir=tmp_path / "c", teacher_sha="t"
     )
     assert other.texts != rows.texts
+
+
+NEWS = [
+    "stocks fell sharply on friday",
+    "the dog barked at night",
+    "rain is expected tomorrow",
+    "shares fell sharply friday",
+]
+NEWS_PAIRS = [
+    "the dog barked loudly at night",
+    "heavy rain expected tomorrow in the north",
+    "shares fell sharply friday",
+    "markets closed early",
+]
+
+
+def test_pair_augmentation_matches_each_first_text_with_the_second_texts_sharing_its_words(
+    tmp_path, tiny_bert_dir
+):
+    """``method: pairs``: the new second text is the other row's that shares most words with the first
+    text; a row's own second text and a copy of the first text itself are never chosen."""
+    teacher, tokenizer = load_classifier(tiny_bert_dir)
+    data = Split(list(NEWS), list(NEWS_PAIRS), [0, 1, 0, 1], ["no", "yes"], "mem", "sha-news")
+    one = augment_split(
+        data,
+        tokenizer,
+        teacher,
+        AugmentOptions(method="pairs", multiplier=1),
+        seed=0,
+        cache_dir=tmp_path,
+        teacher_sha="t",
+    )
+    assert one.labels is None and one.texts == NEWS
+    # Row 3's nearest second text is a copy of itself ("shares fell sharply friday"), so it takes the
+    # next best; rows 1 and 2 share no word with it, and ties go to the earlier row.
+    assert one.pairs == [NEWS_PAIRS[2], NEWS_PAIRS[0], NEWS_PAIRS[1], NEWS_PAIRS[0]]
+    every = augment_split(
+        data,
+        tokenizer,
+        teacher,
+        AugmentOptions(method="pairs", multiplier=5),
+        seed=0,
+        cache_dir=tmp_path,
+        teacher_sha="t",
+    )
+    made = list(zip(every.texts, every.pairs, strict=True))
+    allowed = {(a, b) for i, a in enumerate(NEWS) for j, b in enumerate(NEWS_PAIRS) if j != i and b != a}
+    assert set(made) == allowed and len(made) == len(allowed)  # capped by what is there, no repeats
+    with pytest.raises(DataError, match="method: pairs needs a pair task"):
+        augment_split(
+            split(),
+            tokenizer,
+            teacher,
+            AugmentOptions(method="pairs", multiplier=2),
+            seed=0,
+            cache_dir=tmp_path,
+            teacher_sha="t",
+        )

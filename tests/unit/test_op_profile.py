@@ -82,5 +82,5 @@ def test_a_broken_artifact_fails_the_worker_with_its_message(tmp_path):
         "row": "x",
         "entry": {"format": "onnx", "path": str(tmp_path / "missing"), "measured": {"threads": 1}},
     }
-    with pytest.raises(RuntimeError, match="profiling .*missing failed: "):
+    with pytest.raises(RuntimeError, match=r"profiling .*missing failed: "):
         op_profile.profile_rows([row], ["a"], None, warmup=0, samples=1)
