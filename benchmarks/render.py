@@ -214,6 +214,37 @@ def verdict_lines(verdict: dict[str, Any]) -> list[str]:
     return lines
 
 
+def targets_table(targets: list[dict[str, Any]]) -> list[str]:
+    """Issue 16's and 19's targets for the headline recipe's int8 artifacts, met or missed, in this run."""
+
+    def cell(value: float, target: float | None, fmt: str, at_least: bool = False) -> str:
+        shown = fmt.format(value)
+        if target is None:
+            return shown
+        met = value >= target if at_least else value <= target
+        return f"**{shown}: met**" if met else f"{shown}: missed"
+
+    out = [
+        "| artifact | against | accuracy kept | bytes ÷ baseline (≤ 0.25) | p50 ÷ baseline (≤ 0.33) "
+        "| p50 ÷ floor |",
+        "|---|---|---|---|---|---|",
+    ]
+    for t in targets:
+        kept_target = t["accuracy_target"]
+        kept = cell(
+            100 * t["accuracy_share"], None if kept_target is None else 100 * kept_target, "{:.1f}%", True
+        )
+        if kept_target is not None:
+            kept += f" (≥ {100 * kept_target:.0f}%)"
+        out.append(
+            f"| {t['row']} | {t['baseline']} | {kept} | "
+            f"{cell(t['bytes_ratio'], rows.ISSUE_TARGETS['bytes_ratio'], '{:.3f}')} | "
+            f"{cell(t['p50_ratio'], rows.ISSUE_TARGETS['p50_ratio'], '{:.2f}')} | "
+            f"{cell(t['x_floor'], t['x_floor_target'], '{:.1f}×')} (≤ {t['x_floor_target']:g}×) |"
+        )
+    return out
+
+
 def markdown(results: dict[str, Any]) -> str:
     gemm = results["gemm"]
     peaks = gemm["peak_macs_per_s"]
@@ -269,6 +300,17 @@ def markdown(results: dict[str, Any]) -> str:
             ]
         if task in results["headline"]:
             out += ["", *verdict_lines(results["headline"][task])]
+            headline = (results.get("settings") or {}).get("headline")
+            targets = rows.issue_targets(task_rows, task, headline.split(":")[0]) if headline else []
+            if targets:
+                out += [
+                    "",
+                    "Against the issues' targets in this run (accuracy kept of the teacher's PyTorch row; "
+                    "bytes and p50 over the teacher's int8 row in the same format; p50 over the row's "
+                    "compute floor, TFLite's padded):",
+                    "",
+                    *targets_table(targets),
+                ]
     if results["recipes"]:
         out += [
             "",

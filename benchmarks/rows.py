@@ -153,6 +153,47 @@ def headline_verdict(rows: list[dict[str, Any]], recipe: str, fmt: str) -> dict[
     }
 
 
+ISSUE_TARGETS = {
+    "accuracy_share": {"sst2": 0.99, "mrpc": 0.98},
+    "bytes_ratio": 0.25,
+    "p50_ratio": 1 / 3,
+    "x_floor": {"onnx": 2.5, "tflite": 3.0},
+}
+"""Issue 16 (accuracy kept per task; bytes and p50 against the teacher's int8 file in the same format)
+and issue 19 (p50 over the row's compute floor; TFLite against its padded floor)."""
+INT8_BASELINE = {"onnx": "teacher-onnx-int8-ort", "tflite": "teacher-tflite-int8-aeq"}
+"""The teacher's int8 row each format's headline is held against: ORT dynamic int8, ai-edge-quantizer."""
+
+
+def issue_targets(task_rows: list[dict[str, Any]], task: str, recipe: str) -> list[dict[str, Any]]:
+    """Per format, the recipe's int8 artifact against the issues' targets, from one run's rows: the
+    share of the teacher's accuracy, bytes and p50 over the teacher's int8 row of the same format,
+    and p50 over the compute floor (the padded floor for fixed-shape models, which compute on whole
+    signatures). A format without its artifact or its baseline row is left out;
+    ``accuracy_target`` is None for a task the issues set no target for."""
+    teacher = next((r for r in task_rows if is_reference(r)), None)
+    out = []
+    for fmt, baseline in INT8_BASELINE.items():
+        head = next((r for r in task_rows if is_headline(r, recipe, fmt)), None)
+        base = next((r for r in task_rows if r.get("name") == baseline), None)
+        if head is None or base is None or teacher is None:
+            continue
+        out.append(
+            {
+                "format": fmt,
+                "row": head["row"],
+                "baseline": base["row"],
+                "accuracy_share": head["accuracy"] / teacher["accuracy"],
+                "accuracy_target": ISSUE_TARGETS["accuracy_share"].get(task),
+                "bytes_ratio": head["bytes"] / base["bytes"],
+                "p50_ratio": head["p50_ms"] / base["p50_ms"],
+                "x_floor": head["p50_ms"] / head.get("floor_padded_ms", head["floor_ms"]),
+                "x_floor_target": ISSUE_TARGETS["x_floor"][fmt],
+            }
+        )
+    return out
+
+
 def positive_int(text: str) -> int:
     """argparse type: a whole number > 0."""
     import argparse

@@ -198,6 +198,43 @@ def test_results_are_written_as_json_markdown_and_plot(tmp_path: Path):
     assert (tmp_path / "out" / "results.json").is_file()
 
 
+def test_the_issues_targets_hold_each_formats_artifact_against_the_teachers_int8_row_of_that_format(
+    tmp_path: Path,
+):
+    """Accuracy kept against the task's own target, bytes and p50 over the teacher's int8 row of the
+    same format (ORT for ONNX, ai-edge-quantizer for TFLite), p50 over the padded floor for TFLite."""
+    table = [
+        _full_row("mrpc", "teacher", "torch", "fp32", 0.80, 20.0, name="teacher"),
+        _full_row("mrpc", "peer", "onnx", "int8", 0.80, 6.0, name="teacher-onnx-int8-ort", bytes=20e6),
+        _full_row("mrpc", "peer", "tflite", "int8", 0.80, 4.0, name="teacher-tflite-int8-aeq", bytes=24e6),
+        _full_row("mrpc", "compress", "onnx", "int8", 0.788, 1.8, recipe="distil3", bytes=5e6, floor_ms=0.5),
+        _full_row(
+            "mrpc",
+            "compress",
+            "tflite",
+            "int8",
+            0.78,
+            1.6,
+            recipe="distil3",
+            bytes=7e6,
+            padded_to=[64],
+            floor_ms=0.4,
+            floor_padded_ms=0.8,
+        ),
+    ]
+    onnx, tflite = rows.issue_targets(table, "mrpc", "distil3")
+    assert (onnx["format"], onnx["baseline"]) == ("onnx", table[1]["row"])
+    assert onnx["accuracy_share"] == pytest.approx(0.985) and onnx["accuracy_target"] == 0.98
+    assert onnx["bytes_ratio"] == pytest.approx(0.25) and onnx["p50_ratio"] == pytest.approx(0.3)
+    assert onnx["x_floor"] == pytest.approx(3.6) and onnx["x_floor_target"] == 2.5
+    assert tflite["baseline"] == table[2]["row"] and tflite["x_floor"] == pytest.approx(2.0)
+    assert rows.issue_targets(table, "cola", "distil3")[0]["accuracy_target"] is None
+    assert rows.issue_targets(table[:1] + table[3:], "mrpc", "distil3") == []  # no baseline rows
+    lines = render.targets_table([onnx, tflite])
+    assert "| **98.5%: met** (≥ 98%) | **0.250: met** | **0.30: met** | 3.6×: missed (≤ 2.5×) |" in lines[2]
+    assert "97.5%: missed (≥ 98%) | 0.292: missed | 0.40: missed | **2.0×: met** (≤ 3×) |" in lines[3]
+
+
 GOLD = [i % 2 for i in range(40)]
 
 
