@@ -288,38 +288,19 @@ def test_pair_augmentation_matches_each_first_text_with_the_second_texts_sharing
     text; a row's own second text and a copy of the first text itself are never chosen."""
     teacher, tokenizer = load_classifier(tiny_bert_dir)
     data = Split(list(NEWS), list(NEWS_PAIRS), [0, 1, 0, 1], ["no", "yes"], "mem", "sha-news")
-    one = augment_split(
-        data,
-        tokenizer,
-        teacher,
-        AugmentOptions(method="pairs", multiplier=1),
-        seed=0,
-        cache_dir=tmp_path,
-        teacher_sha="t",
-    )
+
+    def pairs(rows: Split, multiplier: int) -> Split:
+        options = AugmentOptions(method="pairs", multiplier=multiplier)
+        return augment_split(rows, tokenizer, teacher, options, seed=0, cache_dir=tmp_path, teacher_sha="t")
+
+    one = pairs(data, 1)
     assert one.labels is None and one.texts == NEWS
     # Row 3's nearest second text is a copy of itself ("shares fell sharply friday"), so it takes the
     # next best; rows 1 and 2 share no word with it, and ties go to the earlier row.
     assert one.pairs == [NEWS_PAIRS[2], NEWS_PAIRS[0], NEWS_PAIRS[1], NEWS_PAIRS[0]]
-    every = augment_split(
-        data,
-        tokenizer,
-        teacher,
-        AugmentOptions(method="pairs", multiplier=5),
-        seed=0,
-        cache_dir=tmp_path,
-        teacher_sha="t",
-    )
+    every = pairs(data, 5)
     made = list(zip(every.texts, every.pairs, strict=True))
     allowed = {(a, b) for i, a in enumerate(NEWS) for j, b in enumerate(NEWS_PAIRS) if j != i and b != a}
     assert set(made) == allowed and len(made) == len(allowed)  # capped by what is there, no repeats
     with pytest.raises(DataError, match="method: pairs needs a pair task"):
-        augment_split(
-            split(),
-            tokenizer,
-            teacher,
-            AugmentOptions(method="pairs", multiplier=2),
-            seed=0,
-            cache_dir=tmp_path,
-            teacher_sha="t",
-        )
+        pairs(split(), 2)
