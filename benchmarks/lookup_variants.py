@@ -79,9 +79,8 @@ def dequantized_lookups(model: Any) -> Any:
     return out
 
 
-def sessions(model_path: Path, threads: int) -> dict[str, Any]:
-    """One onnxruntime session per variant."""
-    import onnx
+def sessions(model_path: Path, model: Any, threads: int) -> dict[str, Any]:
+    """One onnxruntime session per variant of ``model`` (loaded from ``model_path``)."""
     import onnxruntime as ort
 
     def session(blob: bytes, fold: bool) -> Any:
@@ -92,7 +91,7 @@ def sessions(model_path: Path, threads: int) -> dict[str, Any]:
             options.add_session_config_entry("session.disable_quant_qdq", "1")
         return ort.InferenceSession(blob, options, providers=["CPUExecutionProvider"])
 
-    rewritten = dequantized_lookups(onnx.load(str(model_path))).SerializeToString()
+    rewritten = dequantized_lookups(model).SerializeToString()
     return {
         "as stored": session(model_path.read_bytes(), False),
         "dequantize, folded": session(rewritten, True),
@@ -135,8 +134,9 @@ def compare(model_path: Path, threads: int, rounds: int, repeats: int, lengths: 
     rounds' range."""
     import onnx
 
-    found = sessions(model_path, threads)
-    feeds = requests(found["as stored"], lengths, vocab_size(onnx.load(str(model_path))))
+    model = onnx.load(str(model_path))
+    found = sessions(model_path, model, threads)
+    feeds = requests(found["as stored"], lengths, vocab_size(model))
     reference = [found["as stored"].run(None, f)[0] for f in feeds]
     out: dict[str, Any] = {"model": model_path.name, "threads": threads, "lengths": lengths, "variants": {}}
     times: dict[str, list[float]] = {name: [] for name in found}

@@ -140,11 +140,11 @@ def span_variants(text: str, count: int, rng: random.Random) -> list[str]:
 WORD = re.compile(r"\w+")
 
 
-def tfidf(docs: list[Counter[str]], vocab: dict[str, int], idf: torch.Tensor) -> torch.Tensor:
+def tfidf(docs: list[Counter[str]], vocab: dict[str, int], idf: list[float]) -> torch.Tensor:
     """Sparse rows of L2-normalised TF-IDF weights, one per document."""
     rows, cols, vals = [], [], []
     for r, doc in enumerate(docs):
-        weights = {vocab[w]: n * float(idf[vocab[w]]) for w, n in doc.items()}
+        weights = {vocab[w]: n * idf[vocab[w]] for w, n in doc.items()}
         norm = math.sqrt(sum(v * v for v in weights.values())) or 1.0
         for c, v in weights.items():
             rows.append(r)
@@ -168,16 +168,10 @@ def neighbour_pairs(
     no new pair repeats a row or pairs a sentence with itself. Deterministic: the text decides."""
     docs_a = [Counter(WORD.findall(t.lower())) for t in texts]
     docs_b = [Counter(WORD.findall(t.lower())) for t in pairs]
-    vocab: dict[str, int] = {}
-    df: Counter[str] = Counter()
-    for doc in docs_a + docs_b:
-        df.update(doc.keys())
-        for w in doc:
-            vocab.setdefault(w, len(vocab))
+    df: Counter[str] = Counter(w for doc in docs_a + docs_b for w in doc)
+    vocab = {w: i for i, w in enumerate(df)}
     n_docs = len(docs_a) + len(docs_b)
-    idf = torch.zeros(len(vocab))
-    for w, i in vocab.items():
-        idf[i] = math.log((1 + n_docs) / (1 + df[w])) + 1
+    idf = [math.log((1 + n_docs) / (1 + df[w])) + 1 for w in vocab]
     a = tfidf(docs_a, vocab, idf)
     b = tfidf(docs_b, vocab, idf)
     ids: dict[str, int] = {}
