@@ -128,23 +128,21 @@ def requests(session: Any, lengths: list[int], vocab: int, seed: int = 0) -> lis
     return out
 
 
-def compare(model_path: Path, threads: int, rounds: int, repeats: int, lengths: list[int]) -> dict[str, Any]:
-    """Each variant's largest logit difference from the stored file, and its time per request (µs):
-    median of ``rounds`` interleaved rounds (every variant in turn, alternating direction), with the
-    rounds' range."""
-    import onnx
-
-    model = onnx.load(str(model_path))
-    found = sessions(model_path, model, threads)
-    feeds = requests(found["as stored"], lengths, vocab_size(model))
-    reference = [found["as stored"].run(None, f)[0] for f in feeds]
-    out: dict[str, Any] = {"model": model_path.name, "threads": threads, "lengths": lengths, "variants": {}}
-    times: dict[str, list[float]] = {name: [] for name in found}
+def interleaved(
+    found: dict[str, Any], feeds: list[dict[str, np.ndarray]], rounds: int, repeats: int
+) -> dict[str, dict[str, Any]]:
+    """Each session's largest logit difference from the first one's on ``feeds``, and its time per
+    request (µs): median of ``rounds`` interleaved rounds (every session in turn, alternating direction),
+    with the rounds' values."""
+    first = next(iter(found.values()))
+    reference = [first.run(None, f)[0] for f in feeds]
+    out: dict[str, dict[str, Any]] = {}
     for name, session in found.items():
         diff = max(
             float(np.abs(session.run(None, f)[0] - r).max()) for f, r in zip(feeds, reference, strict=True)
         )
-        out["variants"][name] = {"max_abs_logit_diff": diff}
+        out[name] = {"max_abs_logit_diff": diff}
+    times: dict[str, list[float]] = {name: [] for name in found}
     order = list(found)
     for index in range(rounds):
         for name in order if index % 2 == 0 else order[::-1]:
@@ -155,11 +153,27 @@ def compare(model_path: Path, threads: int, rounds: int, repeats: int, lengths: 
                     session.run(None, feed)
             times[name].append((time.perf_counter() - start) / (repeats * len(feeds)) * 1e6)
     for name, values in times.items():
-        out["variants"][name] |= {
-            "us_per_request": float(np.median(values)),
-            "rounds_us": [round(v, 1) for v in values],
-        }
+        out[name] |= {"us_per_request": float(np.median(values)), "rounds_us": [round(v, 1) for v in values]}
     return out
+
+
+def compare(model_path: Path, threads: int, rounds: int, repeats: int, lengths: list[int]) -> dict[str, Any]:
+    """Each variant's largest logit difference from the stored file, and its time per request."""
+    import onnx
+
+    model = onnx.load(str(model_path))
+    found = sessions(model_path, model, threads)
+    feeds = requests(found["as stored"], lengths, vocab_size(model))
+    variants = interleaved(found, feeds, rounds, repeats)
+    return {"model": model_path.name, "threads": threads, "lengths": lengths, "variants": variants}
+
+
+def report(variants: dict[str, dict[str, Any]]) -> None:
+    for name, v in variants.items():
+        print(
+            f"{name:24s} {v['us_per_request']:8.1f} µs/request (rounds {min(v['rounds_us']):.0f}-"
+            f"{max(v['rounds_us']):.0f}), max |logit diff| {v['max_abs_logit_diff']:.2e}"
+        )
 
 
 def main() -> None:
@@ -177,11 +191,7 @@ def main() -> None:
     if not model.is_file():
         raise SystemExit(f"{model}: no such ONNX file; pass an artifact folder holding model.onnx")
     result = compare(model, args.threads, args.rounds, args.repeats, args.lengths)
-    for name, v in result["variants"].items():
-        print(
-            f"{name:24s} {v['us_per_request']:8.1f} µs/request (rounds {min(v['rounds_us']):.0f}-"
-            f"{max(v['rounds_us']):.0f}), max |logit diff| {v['max_abs_logit_diff']:.2e}"
-        )
+    report(result["variants"])
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")

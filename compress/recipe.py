@@ -161,15 +161,33 @@ def _check_stage_targets(recipe: Any, fail: Any) -> None:
     from compress.stages.quantize import checked_schemes
 
     profiles = [recipe.target_profile(name) for name in recipe.targets]
+    packed: dict[str, int] = {}  # ONNX target -> the export stage that packs its attention
     for index, stage in enumerate(recipe.stages):
         if stage.type not in ("export", "quantize"):
             continue
         try:
             chosen = select_targets(profiles, stage.targets, stage.type, f"{stage.type}.targets")
             if stage.type == "quantize":
-                checked_schemes(stage, chosen)
+                schemes = checked_schemes(stage, chosen)
+                _check_packed_attention(stage, schemes, packed)
         except RecipeError as exc:
             fail(("stages", index), str(exc))
+        if stage.type == "export":
+            for profile in chosen:
+                packed.pop(profile.name, None)
+                if profile.format == "onnx" and stage.fuse and stage.attention == "packed":
+                    packed[profile.name] = index
+
+
+def _check_packed_attention(stage: Any, schemes: dict[str, str], packed: dict[str, int]) -> None:
+    """A packed query/key/value weight has no static int8 quantizer (it would stay float)."""
+    for target, scheme in schemes.items():
+        if target in packed and scheme in ("static", "auto"):
+            raise RecipeError(
+                f"quantize.scheme: {scheme} int8 of '{target}' cannot quantize the packed attention weight "
+                f"of stages[{packed[target]}].attention: packed; set attention: separate there or use "
+                "scheme: dynamic"
+            )
 
 
 def _data_file_problem(file: Path) -> str | None:

@@ -64,7 +64,8 @@ def trace_to_onnx(module: Classifier, path: Path, *, opset: int, input_dtype: st
 
 
 FUSION_TOOL = "onnxruntime.transformers.optimizer.optimize_model(model_type=bert, opt_level=0)"
-ATTENTION_OP = "MultiHeadAttention"
+ATTENTION_OPS = {"separate": "MultiHeadAttention", "packed": "Attention"}
+"""The fused attention op for each ``attention`` layout of the export stage."""
 
 
 @contextmanager
@@ -99,12 +100,15 @@ def trace_for_fusion(module: Classifier, path: Path, *, opset: int, input_dtype:
         )
 
 
-def fusion_options() -> Any:
+def fusion_options(attention: str = "separate") -> Any:
     """The optimizer's BERT fusions, with three choices made for what compress does after them.
 
-    ``MultiHeadAttention`` instead of ``Attention`` keeps the query/key/value projections as their own
-    MatMuls: static QDQ int8 has no ``Attention`` quantizer (its packed QKV weight would stay float)
-    and ``float_layers`` names those projections. No ``EmbedLayerNormalization``: it swallows the
+    ``attention``: ``separate`` (``MultiHeadAttention``) keeps the query/key/value projections as their
+    own MatMuls: static QDQ int8 has no ``Attention`` quantizer (its packed QKV weight would stay float)
+    and ``float_layers`` names those projections. ``packed`` (``Attention``) reads one packed QKV weight
+    per layer, which dynamic int8 turns into ONNX Runtime's ``QAttention`` (one int8 matmul and the
+    attention in a single kernel instead of three ``MatMulInteger`` and a float attention).
+    No ``EmbedLayerNormalization``: it swallows the
     ``Gather`` lookups that int8 and int4 (``embedding_bits: 4``) tables are stored through, and the
     export does not know which the quantize stage will pick. The raw 2-D attention mask, not a
     per-row length: the mask means what the model's mask means, whatever the padding side.
@@ -112,7 +116,7 @@ def fusion_options() -> Any:
     from onnxruntime.transformers.fusion_options import FusionOptions
 
     options = FusionOptions("bert")
-    options.use_multi_head_attention = True
+    options.use_multi_head_attention = attention == "separate"
     options.enable_embed_layer_norm = False
     options.use_raw_attention_mask(True)
     return options
@@ -131,7 +135,7 @@ def attention_shape(config: Any) -> tuple[int, int, int]:
     )
 
 
-def fuse_graph(path: Path, config: Any) -> dict[str, int]:
+def fuse_graph(path: Path, config: Any, attention: str = "separate") -> dict[str, int]:
     """Run ORT's transformer fusions on ``path`` in place; return the fused op counts.
 
     ``opt_level=0``: the portable Python fusions only; the extended graph optimizations every
@@ -149,7 +153,7 @@ def fuse_graph(path: Path, config: Any) -> dict[str, int]:
         model_type="bert",
         num_heads=heads,
         hidden_size=hidden,
-        optimization_options=fusion_options(),
+        optimization_options=fusion_options(attention),
         opt_level=0,
     )
     counts = {op: int(n) for op, n in fused.get_fused_operator_statistics().items() if n}
@@ -159,10 +163,10 @@ def fuse_graph(path: Path, config: Any) -> dict[str, int]:
     return counts
 
 
-def unfused_reason(counts: dict[str, int], config: Any) -> str | None:
+def unfused_reason(counts: dict[str, int], config: Any, attention: str = "separate") -> str | None:
     """Why the fused graph is not the one to ship, or ``None`` when attention fused in every layer."""
     layers = attention_shape(config)[2]
-    got = counts.get(ATTENTION_OP, 0)
+    got = counts.get(ATTENTION_OPS[attention], 0)
     if layers and got == layers:
         return None
     return (
@@ -171,22 +175,30 @@ def unfused_reason(counts: dict[str, int], config: Any) -> str | None:
     )
 
 
-def export_fused(module: Classifier, path: Path, profile: TargetProfile) -> dict[str, Any]:
+def export_fused(
+    module: Classifier, path: Path, profile: TargetProfile, attention: str = "separate"
+) -> dict[str, Any]:
     """Write the fused graph at ``path``; return the fusion record (``applied``, fused ``ops``, ``reason``).
 
     Anything that keeps attention from fusing (an exporter error, an unmatched pattern) becomes the
     record's ``reason`` and ``applied`` stays false: the caller then exports the unfused graph.
     """
     config = module.model.config
-    record: dict[str, Any] = {"requested": True, "applied": False, "tool": FUSION_TOOL, "ops": {}}
+    record: dict[str, Any] = {
+        "requested": True,
+        "applied": False,
+        "tool": FUSION_TOOL,
+        "attention": attention,
+        "ops": {},
+    }
     try:
         trace_for_fusion(module, path, opset=profile.opset, input_dtype=profile.input_dtype)
-        record["ops"] = fuse_graph(path, config)
+        record["ops"] = fuse_graph(path, config, attention)
     except Exception as exc:
         first = (str(exc).strip().splitlines() or [""])[0][:200]
         record["reason"] = f"the fusable export failed: {type(exc).__name__}: {first}"
         return record
-    reason = unfused_reason(record["ops"], config)
+    reason = unfused_reason(record["ops"], config, attention)
     if reason is not None:
         record["reason"] = reason
         return record
@@ -368,17 +380,21 @@ def export_onnx(
     max_length: int | None = None,
     source: dict[str, Any] | None = None,
     fuse: bool = False,
+    attention: str = "separate",
 ) -> dict[str, Any]:
     """Export ``model`` (a Hugging Face sequence classifier) as an fp32 ONNX artifact folder at ``out_dir``.
 
     ``texts``/``pairs`` are real inputs for the export check (default: built-in sentences);
     ``max_length`` is the truncation length recorded for callers (default: the profile's);
     ``fuse`` writes ORT's fused graph when attention fuses in every layer (the manifest's ``fusion``
-    says which graph was written and why).
+    says which graph was written and why); ``attention`` is the fused graph's layout of the query/key/value
+    projections (``fusion_options``).
     Returns the manifest written to ``out_dir/manifest.json``.
     """
     if profile.format != "onnx":
         raise ExportError(f"target '{profile.name}' wants {profile.format}, not onnx")
+    if attention not in ATTENTION_OPS:
+        raise ExportError(f"attention '{attention}' is not one of {', '.join(ATTENTION_OPS)}")
     module = Classifier(model.eval()).eval()
     max_length = max_length or profile.max_length
 
@@ -390,7 +406,7 @@ def export_onnx(
         fusion: dict[str, Any] = {"requested": False, "applied": False}
         checked = None
         if fuse:
-            fusion = export_fused(module, path, profile)
+            fusion = export_fused(module, path, profile, attention)
             if fusion["applied"]:
                 removed = tidy_onnx(path)
                 try:

@@ -89,7 +89,8 @@ def nodes_in_layers(model_path: Path, layers: list[str]) -> list[str]:
     if missing and is_fused(model):
         raise ExportError(
             f"float_layers: no node of {model_path.name} computes only {missing[0]!r} (ONNX Runtime's "
-            "fusions merged it into a fused op); keep a whole layer float, or export with fuse: false"
+            "fusions merged it into a fused op); keep a whole layer float, export with attention: separate "
+            "(a query/key/value projection) or with fuse: false"
         )
     return found
 

@@ -93,8 +93,8 @@ def test_attention_that_does_not_fuse_falls_back_to_the_unfused_graph_and_says_w
 
     options = onnx_export.fusion_options
 
-    def without_attention():
-        chosen = options()
+    def without_attention(attention):
+        chosen = options(attention)
         chosen.enable_attention = False
         return chosen
 
@@ -116,11 +116,11 @@ def test_a_fused_graph_that_fails_the_export_check_is_not_shipped(tmp_path, wide
 
     fuse_graph = onnx_export.fuse_graph
 
-    def wrong_fusion(path, config):
+    def wrong_fusion(path, config, attention):
         import onnx
         from onnx import numpy_helper
 
-        counts = fuse_graph(path, config)
+        counts = fuse_graph(path, config, attention)
         model = onnx.load(str(path))
         bias = next(i for i in model.graph.initializer if "classifier.bias" in i.name)
         bias.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(bias) + 1.0, bias.name))
@@ -167,6 +167,29 @@ def test_fused_graph_takes_int4_embedding_tables(tmp_path, fused_dir):
     ops = op_counts(tmp_path / "int4" / "model.onnx")
     assert ops["GatherBlockQuantized"] >= 3 and ops["MultiHeadAttention"] == 2
     assert np.isfinite(runner_logits(tmp_path / "int4")).all()
+
+
+def test_packed_attention_becomes_qattention_in_dynamic_int8(tmp_path, fused_dir, wide_dir):
+    """``attention: packed``: one packed query/key/value weight per layer (ORT's Attention), which
+    dynamic int8 turns into QAttention with an int8 weight; same outputs as the separate layout."""
+    model, tokenizer = load_classifier(wide_dir)
+    target = load_target("arm64-onnx")
+    manifest = export_onnx(model, tokenizer, tmp_path / "fp32", target, fuse=True, attention="packed")
+    fusion = manifest["fusion"]
+    assert fusion["applied"] and fusion["attention"] == "packed" and fusion["ops"]["Attention"] == 2
+    ops = op_counts(tmp_path / "fp32" / "model.onnx")
+    assert ops["Attention"] == 2 and ops["MultiHeadAttention"] == 0 and ops["Softmax"] == 0
+    assert manifest["check"]["max_abs_diff"] <= ATOL
+    np.testing.assert_allclose(runner_logits(tmp_path / "fp32"), runner_logits(fused_dir), atol=1e-4)
+    quantize_onnx(tmp_path / "fp32", tmp_path / "int8", scheme="dynamic", embedding_bits=4)
+    path = tmp_path / "int8" / "model.onnx"
+    assert onnx_float_constants(path) == {}  # the packed weight is int8 too
+    ops = op_counts(path)
+    assert ops["QAttention"] == 2 and ops["Attention"] == 0 and ops["GatherBlockQuantized"] >= 3
+    assert np.abs(runner_logits(tmp_path / "int8") - runner_logits(tmp_path / "fp32")).max() < 0.1
+    with pytest.raises(ExportError, match="attention 'stacked' is not one of separate, packed"):
+        export_onnx(model, tokenizer, tmp_path / "bad", target, fuse=True, attention="stacked")
+    assert not (tmp_path / "bad").exists()
 
 
 def test_float_layers_map_to_the_fused_graph_and_a_fused_away_layer_is_an_error(tmp_path, fused_dir):
@@ -231,5 +254,19 @@ def test_shared_students_fuse_or_say_what_blocks_fusion(tmp_path, shared_student
         int8 = quantize_onnx(tmp_path / "fp32", tmp_path / "int8", scheme="dynamic", embedding_bits=4)
         assert onnx_float_constants(tmp_path / "int8" / "model.onnx") == {}
         assert int8["quantization"]["embedding"]["tables"]
+        # packed: the tied layers' packed weights are one initializer, quantized once
+        export_onnx(
+            model,
+            tokenizer,
+            tmp_path / "packed",
+            load_target("arm64-onnx"),
+            max_length=32,
+            fuse=True,
+            attention="packed",
+        )
+        quantize_onnx(tmp_path / "packed", tmp_path / "packed8", scheme="dynamic", embedding_bits=4)
+        packed = tmp_path / "packed8" / "model.onnx"
+        assert onnx_float_constants(packed) == {} and op_counts(packed)["QAttention"] == 4
+        assert packed.stat().st_size <= (tmp_path / "int8" / "model.onnx").stat().st_size
     else:
         assert not fusion["applied"] and "0 of 4 layers" in fusion["reason"], fusion

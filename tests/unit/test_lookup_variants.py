@@ -34,3 +34,13 @@ def test_dequantized_lookups_give_the_stored_files_logits_with_and_without_foldi
 
     with pytest.raises(SystemExit, match="no GatherBlockQuantized node"):
         dequantized_lookups(onnx.load(str(fp32 / "model.onnx")))
+
+
+def test_attention_layouts_times_both_layouts_with_the_same_outputs(tiny_bert_dir):
+    from benchmarks.attention_layouts import compare as layouts
+
+    out = layouts(tiny_bert_dir, threads=1, rounds=2, repeats=1, lengths=[5, 9], embedding_bits=4)
+    assert set(out["variants"]) == {"separate int8", "packed int8", "separate fp32", "packed fp32"}
+    variants = out["variants"]
+    assert variants["packed int8"]["max_abs_logit_diff"] < 1e-4  # same int8 arithmetic, one kernel
+    assert all(len(v["rounds_us"]) == 2 and v["bytes"] > 0 for v in variants.values())

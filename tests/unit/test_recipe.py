@@ -244,3 +244,21 @@ def test_targets_and_schemes_the_export_and_quantize_stages_would_refuse_are_ref
     assert "export: the recipe lists no targets" in error_of(write(tmp_path, recipe_text(reviews, "", none)))
     fine = "  - type: quantize\n    scheme: {raspberry-pi-4: weight-only, arm64-onnx: dynamic}\n"
     load_recipe(write(tmp_path, recipe_text(reviews, "targets: [raspberry-pi-4, arm64-onnx]\n", fine)))
+
+
+def test_static_int8_of_a_packed_attention_export_is_refused_at_load(tmp_path, reviews):
+    """A packed query/key/value weight has no static quantizer; the recipe says so before training."""
+    targets = "targets: [arm64-onnx, raspberry-pi-4]\n"
+    packed = "  - type: export\n    fuse: true\n    attention: packed\n"
+    static = packed + "  - type: quantize\n    scheme: {arm64-onnx: static, raspberry-pi-4: dynamic}\n"
+    message = error_of(write(tmp_path, recipe_text(reviews, targets, static)))
+    assert "stages[1]" in message and "static int8 of 'arm64-onnx'" in message
+    assert "stages[0].attention: packed; set attention: separate there or use scheme: dynamic" in message
+    auto = packed + "  - type: quantize\n    targets: [arm64-onnx]\n    scheme: auto\n"
+    assert "auto int8 of 'arm64-onnx'" in error_of(write(tmp_path, recipe_text(reviews, targets, auto)))
+    load_recipe(write(tmp_path, recipe_text(reviews, targets, packed + "  - type: quantize\n")))
+    # a later export with separate projections, or no fusion, makes static int8 fine again
+    separate = packed + "  - type: export\n    fuse: true\n" + static.removeprefix(packed)
+    load_recipe(write(tmp_path, recipe_text(reviews, targets, separate)))
+    unfused = packed.replace("fuse: true", "fuse: false") + static.removeprefix(packed)
+    load_recipe(write(tmp_path, recipe_text(reviews, targets, unfused)))
