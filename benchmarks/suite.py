@@ -176,7 +176,31 @@ def recipe_overrides(
             sets.append(f"stages.{i}.epochs={args.epochs}")
         elif stage["type"] == "share" and stage.get("recovery") is not None and args.recovery_epochs:
             sets.append(f"stages.{i}.recovery.epochs={args.recovery_epochs}")
-    return sets + task_overrides(args.overrides, task.name)
+    return sets + recipe_task_overrides(recipe, task.name) + task_overrides(args.overrides, task.name)
+
+
+def recipe_task_overrides(recipe: Path, task: str) -> list[str]:
+    """What a benchmark recipe sets for one task only, from ``tasks/<recipe file>`` beside it (a mapping of
+    task names to lists of ``KEY=VALUE``): options only one task can take, such as MRPC's pair augmentation.
+    They come before ``--set``, so a command-line override still wins; the run records them with the rest."""
+    path = recipe.parent / "tasks" / recipe.name
+    if not path.is_file():
+        return []
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        first = (str(exc).strip().splitlines() or ["unreadable"])[0]
+        raise SystemExit(f"error: {path}: not valid YAML ({first}); fix the file or remove it") from None
+    valid = isinstance(data, dict) and all(
+        name in COLUMNS and isinstance(sets, list) and all(isinstance(t, str) and "=" in t for t in sets)
+        for name, sets in data.items()
+    )
+    if not valid:
+        raise SystemExit(
+            f"error: {path}: expected task names ({', '.join(COLUMNS)}) each with a list of KEY=VALUE "
+            "overrides, e.g. mrpc: ['stages.0.augment={method: pairs}']"
+        )
+    return list(data.get(task, []))
 
 
 def task_overrides(overrides: list[str], task: str) -> list[str]:

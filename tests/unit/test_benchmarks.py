@@ -87,6 +87,20 @@ def test_benchmark_recipes_load_with_the_suite_overrides(tmp_path: Path, tiny_be
     )
 
 
+def test_a_recipe_sets_options_for_one_task_in_tasks_beside_it(tmp_path: Path):
+    recipe = tmp_path / "r.yaml"
+    assert suite.recipe_task_overrides(recipe, "mrpc") == []  # no tasks/r.yaml: nothing
+    (tmp_path / "tasks").mkdir()
+    sidecar = tmp_path / "tasks" / "r.yaml"
+    sidecar.write_text("mrpc: ['stages.0.augment={method: pairs}', seed=3]\n")
+    assert suite.recipe_task_overrides(recipe, "mrpc") == ["stages.0.augment={method: pairs}", "seed=3"]
+    assert suite.recipe_task_overrides(recipe, "sst2") == []
+    for bad in ("qnli: [seed=1]\n", "mrpc: seed=1\n", "mrpc: [seed]\n", "mrpc: [1\n"):
+        sidecar.write_text(bad)
+        with pytest.raises(SystemExit, match=r"error: .*tasks/r.yaml: "):
+            suite.recipe_task_overrides(recipe, "mrpc")
+
+
 def _row(
     group: str, fmt: str, precision: str, accuracy: float, p50: float, recipe: str | None = None
 ) -> dict:
