@@ -33,8 +33,9 @@ class ExportConfig(StageConfig):
     """With ``fuse``: how each layer's query/key/value projections are stored. separate: three MatMuls
     (ONNX Runtime's MultiHeadAttention), which every quantize scheme, float_layers and exclude_nodes
     can address; packed: one MatMul on a packed weight (ONNX Runtime's Attention), which dynamic int8
-    turns into QAttention, one kernel per layer (-11% of the SST-2 headline's runtime call). Static and
-    auto int8, float_layers and exclude_nodes need separate; ``compress validate`` says so."""
+    turns into QAttention, one kernel per layer (10% off the headline's int8 runtime call on SST-2 and
+    MRPC). Static and auto int8 need separate (``compress validate`` refuses them), and so do float_layers
+    or exclude_nodes naming a query/key/value projection."""
 
 
 def stage_targets(ctx: StageContext, names: list[str] | None, key: str) -> list[Any]:
