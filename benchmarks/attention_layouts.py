@@ -15,7 +15,6 @@ logits with the separate int8 file's. Latency is a measurement: run it alone on 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 from pathlib import Path
@@ -95,10 +94,7 @@ def main() -> None:
     result = compare(
         args.checkpoint, args.threads, args.rounds, args.repeats, args.lengths, args.embedding_bits
     )
-    report(result["variants"])
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    report(result, args.out)
 
 
 if __name__ == "__main__":

@@ -168,12 +168,16 @@ def compare(model_path: Path, threads: int, rounds: int, repeats: int, lengths: 
     return {"model": model_path.name, "threads": threads, "lengths": lengths, "variants": variants}
 
 
-def report(variants: dict[str, dict[str, Any]]) -> None:
-    for name, v in variants.items():
+def report(result: dict[str, Any], out: Path | None) -> None:
+    """Print each variant's time and logit difference; write ``result`` as JSON to ``out`` if given."""
+    for name, v in result["variants"].items():
         print(
             f"{name:24s} {v['us_per_request']:8.1f} µs/request (rounds {min(v['rounds_us']):.0f}-"
             f"{max(v['rounds_us']):.0f}), max |logit diff| {v['max_abs_logit_diff']:.2e}"
         )
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
 
 
 def main() -> None:
@@ -191,10 +195,7 @@ def main() -> None:
     if not model.is_file():
         raise SystemExit(f"{model}: no such ONNX file; pass an artifact folder holding model.onnx")
     result = compare(model, args.threads, args.rounds, args.repeats, args.lengths)
-    report(result["variants"])
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    report(result, args.out)
 
 
 if __name__ == "__main__":
