@@ -100,7 +100,7 @@ def trace_for_fusion(module: Classifier, path: Path, *, opset: int, input_dtype:
         )
 
 
-def fusion_options(attention: str = "separate") -> Any:
+def fusion_options(attention: str) -> Any:
     """The optimizer's BERT fusions, with three choices made for what compress does after them.
 
     ``attention``: ``separate`` (``MultiHeadAttention``) keeps the query/key/value projections as their
@@ -135,7 +135,7 @@ def attention_shape(config: Any) -> tuple[int, int, int]:
     )
 
 
-def fuse_graph(path: Path, config: Any, attention: str = "separate") -> dict[str, int]:
+def fuse_graph(path: Path, config: Any, attention: str) -> dict[str, int]:
     """Run ORT's transformer fusions on ``path`` in place; return the fused op counts.
 
     ``opt_level=0``: the portable Python fusions only; the extended graph optimizations every
@@ -163,7 +163,7 @@ def fuse_graph(path: Path, config: Any, attention: str = "separate") -> dict[str
     return counts
 
 
-def unfused_reason(counts: dict[str, int], config: Any, attention: str = "separate") -> str | None:
+def unfused_reason(counts: dict[str, int], config: Any, attention: str) -> str | None:
     """Why the fused graph is not the one to ship, or ``None`` when attention fused in every layer."""
     layers = attention_shape(config)[2]
     got = counts.get(ATTENTION_OPS[attention], 0)
@@ -175,9 +175,7 @@ def unfused_reason(counts: dict[str, int], config: Any, attention: str = "separa
     )
 
 
-def export_fused(
-    module: Classifier, path: Path, profile: TargetProfile, attention: str = "separate"
-) -> dict[str, Any]:
+def export_fused(module: Classifier, path: Path, profile: TargetProfile, attention: str) -> dict[str, Any]:
     """Write the fused graph at ``path``; return the fusion record (``applied``, fused ``ops``, ``reason``).
 
     Anything that keeps attention from fusing (an exporter error, an unmatched pattern) becomes the
