@@ -245,6 +245,14 @@ def targets_table(targets: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+def commit_note(commit: dict[str, Any] | None) -> str:
+    """`` at commit abc1234`` (``, with uncommitted changes``); results from before the suite recorded
+    its commit say nothing."""
+    if not commit:
+        return ""
+    return f" at commit {commit['sha'][:7]}" + (", with uncommitted changes" if commit["dirty"] else "")
+
+
 def markdown(results: dict[str, Any]) -> str:
     gemm = results["gemm"]
     peaks = gemm["peak_macs_per_s"]
@@ -255,7 +263,7 @@ def markdown(results: dict[str, Any]) -> str:
         "",
         f"Measured {results['created']} on {results['host']['cpu']} ({results['host']['machine']}), "
         f"{results['host']['threads']} threads; suite wall time {results['suite_wall_s'] / 60:.1f} min.",
-        f"Command: `{results['command']}`",
+        f"Command: `{results['command']}`" + commit_note(results.get("commit")),
         "",
         f"GEMM peak ({gemm['size']}² matrices, {gemm['threads']} threads): "
         f"fp32 {peaks['fp32'] / 1e9:.0f} GMAC/s, "

@@ -25,6 +25,7 @@ import random
 import re
 import resource
 import shutil
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -387,6 +388,24 @@ def portable(value: Any, roots: list[Path]) -> Any:
     return value
 
 
+def source_commit() -> dict[str, Any] | None:
+    """The commit the suite ran from and whether tracked files differed from it (None outside git),
+    so two results.json can say whether they measured the same code (``benchmarks/rerun.py``)."""
+
+    def git(*words: str) -> str:
+        return subprocess.run(
+            ["git", "-C", str(REPO), *words], capture_output=True, text=True, check=True
+        ).stdout.strip()
+
+    try:
+        return {
+            "sha": git("rev-parse", "HEAD"),
+            "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+        }
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
@@ -418,6 +437,7 @@ def main(argv: list[str] | None = None) -> int:
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "command": "python benchmarks/suite.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "quick": args.quick,
+        "commit": source_commit(),
         "host": {"cpu": cpu_model(), "machine": platform.machine(), "threads": args.threads},
         "versions": library_versions(),
         "gemm": gemm,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import compress_rows, hardware, render, rows, seeds, suite
+from benchmarks import compress_rows, hardware, render, rerun, rows, seeds, suite
 from compress.recipe import load_recipe
 from tests.conftest import REPO
 
@@ -567,3 +567,56 @@ def test_a_seed_may_come_as_one_single_task_run_per_task(tmp_path):
 
     with pytest.raises(SystemExit, match="no run of seed 0 measured mrpc: pass its results folder too"):
         seeds.aggregate([sst2, both])
+
+
+def _rerun(tmp_path: Path, name: str, p50s: dict[str, float], commit: dict | None) -> Path:
+    found = [
+        {"task": "sst2", "row": row, "p50_ms": p50, "group": "peer", "format": "onnx"}
+        for row, p50 in p50s.items()
+    ]
+    folder = tmp_path / name
+    folder.mkdir()
+    results = {"created": name, "commit": commit, "tasks": {"sst2": {}}, "rows": found}
+    (folder / "results.json").write_text(json.dumps(results))
+    return folder
+
+
+def test_a_rerun_agrees_only_on_one_clean_commit_with_every_ratio_within_the_tolerance(tmp_path):
+    base, art = rerun.BASELINE, "distil · ONNX Runtime int8"
+    clean = {"sha": "a" * 40, "dirty": False}
+    first = seeds.load(_rerun(tmp_path, "a", {base: 2.0, art: 1.0, "float": 4.0}, clean))
+    # the whole machine 20% slower: every ratio the same, so the runs agree
+    slower = seeds.load(_rerun(tmp_path, "b", {base: 2.4, art: 1.2, "float": 4.8}, clean))
+    summary = rerun.compare(first, slower)
+    assert summary["agree"] and [r["within"] for r in summary["tasks"]["sst2"]["rows"]] == [True, True]
+    assert "the runs agree" in rerun.markdown(summary)
+    # one row 15% slower against the baseline: that row is outside 10%
+    drift = seeds.load(_rerun(tmp_path, "c", {base: 2.0, art: 1.15, "float": 4.0}, clean))
+    summary = rerun.compare(first, drift)
+    (row,) = [r for r in summary["tasks"]["sst2"]["rows"] if not r["within"]]
+    assert row["row"] == art and abs(row["change"] - 0.15) < 1e-9 and not summary["agree"]
+    assert "largest change +15.0%: distil" in rerun.markdown(summary)
+    # the same numbers from another commit, or with uncommitted changes, show no agreement
+    for commit, says in (({"sha": "b" * 40, "dirty": False}, "different commits"), (None, "did not record")):
+        other = seeds.load(_rerun(tmp_path, f"d{says[:3]}", {base: 2.0, art: 1.0, "float": 4.0}, commit))
+        summary = rerun.compare(first, other)
+        assert summary["every_ratio_within"] and not summary["agree"] and says in summary["commit_note"]
+    dirty = seeds.load(_rerun(tmp_path, "e", {base: 2.0, art: 1.0}, {**clean, "dirty": True}))
+    summary = rerun.compare(first, dirty)
+    assert not summary["same_commit"] and summary["tasks"]["sst2"]["only_in_one_run"] == ["float"]
+    rerun.main([str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "out")])
+    assert {p.name for p in (tmp_path / "out").iterdir()} == {"rerun.md", "rerun.json", "rerun.png"}
+
+
+def test_a_rerun_needs_the_baseline_row_in_every_run(tmp_path):
+    first = seeds.load(_rerun(tmp_path, "a", {rerun.BASELINE: 2.0, "x": 1.0}, None))
+    other = seeds.load(_rerun(tmp_path, "b", {"x": 1.0}, None))
+    with pytest.raises(SystemExit, match="pass --baseline"):
+        rerun.compare(first, other)
+
+
+def test_the_suite_records_the_commit_it_measured():
+    commit = suite.source_commit()
+    assert commit is not None and len(commit["sha"]) == 40 and isinstance(commit["dirty"], bool)
+    assert render.commit_note(commit).startswith(f" at commit {commit['sha'][:7]}")
+    assert render.commit_note(None) == ""
