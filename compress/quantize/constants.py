@@ -24,6 +24,27 @@ _ONNX_FLOATS = {1: 4, 10: 2, 11: 8, 16: 2}  # FLOAT, FLOAT16, DOUBLE, BFLOAT16: 
 _TFLITE_FLOATS = {0: 4, 1: 2, 10: 8}  # FLOAT32, FLOAT16, FLOAT64
 _BLOCK_QUANTIZED = {"GatherBlockQuantized": (2, 3)}
 """Block-quantized ops compress writes, and the input indices of their scales and zero points."""
+_FOUR_BIT = {21, 22}  # onnx.TensorProto.UINT4, INT4
+
+
+def _block_scales(graph: Any) -> set[str]:
+    """Initializers that scale int4 blocks: the scales and zero points of ``GatherBlockQuantized``, and
+    the scale a ``Mul`` applies to a 4-bit initializer's values (``Cast``, less its zero point: the
+    folded lookup ``fold_block_lookups`` writes). They are part of the int4 storage, not weights."""
+    four_bit = {i.name for i in graph.initializer if i.data_type in _FOUR_BIT}
+    values: set[str] = set()
+    found: set[str] = set()
+    for node in graph.node:  # topological order: a Cast comes before the Sub and Mul that read it
+        first = node.input[0] if node.input else ""
+        derived = node.op_type == "Cast" and first in four_bit
+        derived = derived or (node.op_type == "Sub" and first in values)
+        if node.op_type in _BLOCK_QUANTIZED:
+            found.update(node.input[i] for i in _BLOCK_QUANTIZED[node.op_type] if i < len(node.input))
+        elif derived:
+            values.add(node.output[0])
+        elif node.op_type == "Mul" and set(node.input) & values:
+            found.update(set(node.input) - values)
+    return found
 
 
 def weight_fingerprints(module: Any) -> set[str]:
@@ -64,12 +85,10 @@ def onnx_float_constants(
     graph = onnx.load(str(path), load_external_data=False).graph
     kept = set(float_nodes)
     readers: dict[str, list[str]] = {}
-    block_scales: set[str] = set()  # a block-quantized table's scales: part of its int4 storage
+    block_scales = _block_scales(graph)  # a block-quantized table's scales: part of its int4 storage
     for node in graph.node:
         for name in node.input:
             readers.setdefault(name, []).append(node.name)
-        if node.op_type in _BLOCK_QUANTIZED:
-            block_scales.update(node.input[i] for i in _BLOCK_QUANTIZED[node.op_type] if i < len(node.input))
     found = {}
     for init in graph.initializer:
         size = math.prod(init.dims) * _ONNX_FLOATS.get(init.data_type, 0)

@@ -10,7 +10,13 @@ are stored int8, and a lookup's output keeps its table's scale, so it adds no er
 ``embedding_bits=4`` stores those tables in int4 instead, in blocks along the hidden axis with their
 own scale and zero point (onnxruntime's ``MatMulNBitsQuantizer`` writes ``GatherBlockQuantized``):
 a lookup table is read one row per token, so its bytes are all storage and no compute, and after
-vocabulary pruning the word table is the largest constant a shared student keeps.
+vocabulary pruning the word table is the largest constant a shared student keeps. How the graph reads
+those int4 bytes is ``embedding_lookup``: ``fold`` (the default) rewrites each ``GatherBlockQuantized``
+as constant arithmetic on the int4 initializers (``Cast``, ``Sub``, ``Mul``, ``Reshape``) feeding a plain
+``Gather``; ONNX Runtime's constant folding (on at its default optimization level) turns that into a
+float table when it loads the file, so every call is a plain lookup while the file keeps the int4
+bytes. ``blocked`` keeps ``GatherBlockQuantized``, which dequantizes its rows on every call (least
+memory, about a tenth more time per batch-1 call on the 3-layer headline; ``benchmarks/lookup_variants.py``).
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ STATIC_OP_TYPES = ["MatMul", "Gemm", "Gather"]
 FLOAT = 1  # onnx.TensorProto.FLOAT: the type of a fused contrib op's output shape inference cannot name
 METHODS = ("minmax", "entropy", "percentile")
 EMBEDDING_BITS = (8, 4)
+LOOKUPS = ("fold", "blocked")
 
 
 class FeedReader:
@@ -188,6 +195,72 @@ def store_tables_int4(path: Path, block_size: int, exclude_nodes: list[str] | No
     }
 
 
+def fold_block_lookups(path: Path) -> list[str]:
+    """Rewrite ``path`` in place with every ``GatherBlockQuantized`` as a plain ``Gather`` of a table
+    computed from the same int4 initializers by constant ops: ``(Cast(q) - Cast(zero point)) * scale``,
+    per block, reshaped to [vocab, hidden]. The arithmetic is the op's own, so the logits are the same;
+    ONNX Runtime folds it into a float table at load. Returns the tables rewritten.
+    """
+    import onnx
+    from onnx import helper, numpy_helper
+
+    model = onnx.load(str(path))
+    graph = model.graph
+    inits = {i.name: i for i in graph.initializer}
+    nodes, folded = [], []
+    for node in graph.node:
+        if node.op_type != "GatherBlockQuantized":
+            nodes.append(node)
+            continue
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        table, indices, scales, *zero_point = node.input
+        rows, width = inits[table].dims
+        block = attrs.get("block_size", 128)
+        if attrs.get("gather_axis", 0) != 0 or attrs.get("quantize_axis", 1) != 1:
+            raise ExportError(
+                f"{path.name}: {node.name} reads blocks along an axis compress does not write; "
+                "use embedding_lookup: blocked"
+            )
+        count = -(-width // block)  # the last block of a row may be padded
+        if width % block:  # store the row padded to whole blocks; the lookup slices the padding off
+            stored = numpy_helper.to_array(inits[table])
+            padded = np.zeros((rows, count * block), dtype=stored.dtype)
+            padded[:, :width] = stored
+            inits[table].CopyFrom(numpy_helper.from_array(padded, table))
+        blocks = [rows, count, 1]
+        reshaped = {table: [rows, count, block], scales: blocks} | dict.fromkeys(zero_point, blocks)
+        for name, dims in reshaped.items():  # the same values in the same order, the block its own axis
+            del inits[name].dims[:]
+            inits[name].dims.extend(dims)
+        stem = node.name or table
+        constants = {"shape": [rows, count * block], "start": [0], "end": [width], "axis": [1]}
+        for name, value in constants.items():
+            graph.initializer.append(numpy_helper.from_array(np.array(value, np.int64), f"{stem}_{name}"))
+
+        def op(kind: str, inputs: list[str], output: str, **attrs: Any) -> str:
+            nodes.append(helper.make_node(kind, inputs, [output], name=f"{output}_{kind.lower()}", **attrs))
+            return output
+
+        values = op("Cast", [table], f"{stem}_values", to=onnx.TensorProto.FLOAT)
+        if zero_point:
+            zero = op("Cast", [zero_point[0]], f"{stem}_zero", to=onnx.TensorProto.FLOAT)
+            values = op("Sub", [values, zero], f"{stem}_centred")
+        scaled = op("Mul", [values, scales], f"{stem}_scaled")
+        dense = op("Reshape", [scaled, f"{stem}_shape"], f"{stem}_table")
+        if width % block:
+            dense = op("Slice", [dense, f"{stem}_start", f"{stem}_end", f"{stem}_axis"], f"{stem}_unpadded")
+        op("Gather", [dense, indices], node.output[0], axis=0)
+        folded.append(table)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    if not any(n.domain == "com.microsoft" for n in nodes):
+        kept = [o for o in model.opset_import if o.domain != "com.microsoft"]
+        del model.opset_import[:]
+        model.opset_import.extend(kept)
+    onnx.save(model, str(path))
+    return folded
+
+
 def float_lookup_tables(path: Path) -> list[str]:
     """Float initializers a ``Gather`` still reads (embedding tables left float)."""
     import onnx
@@ -224,13 +297,15 @@ def quantize_onnx(
     symmetric: bool = False,
     embedding_bits: int = 8,
     embedding_block: int = 32,
+    embedding_lookup: Literal["fold", "blocked"] = "fold",
     name: str | None = None,
 ) -> dict[str, Any]:
     """Quantize the fp32 ONNX artifact at ``float_dir`` into an int8 artifact folder at ``out_dir``.
 
     ``op_types`` default: every supported type for dynamic, ``MatMul``/``Gemm`` for static.
     ``float_layers`` are module names whose nodes stay float (added to ``exclude_nodes``).
-    ``embedding_bits=4`` stores the lookup tables int4 (``store_tables_int4``) instead of int8.
+    ``embedding_bits=4`` stores the lookup tables int4 (``store_tables_int4``) instead of int8, read
+    as ``embedding_lookup`` says (``fold_block_lookups``).
     """
     from onnxruntime.quantization import (
         CalibrationMethod,
@@ -243,6 +318,8 @@ def quantize_onnx(
 
     if embedding_bits not in EMBEDDING_BITS:
         raise ExportError(f"embedding_bits {embedding_bits} is not one of {EMBEDDING_BITS}")
+    if embedding_lookup not in LOOKUPS:
+        raise ExportError(f"embedding_lookup {embedding_lookup!r} is not one of {LOOKUPS}")
     if op_types and embedding_bits == 4 and "Gather" not in op_types:
         raise ExportError(
             "embedding_bits: 4 quantizes the Gather tables, but op_types leaves Gather float; "
@@ -293,6 +370,11 @@ def quantize_onnx(
                     extra_options={"ActivationSymmetric": symmetric, "DefaultTensorType": FLOAT},
                 )
             embedding = store_tables_int4(target, embedding_block, excluded) if embedding_bits == 4 else None
+            if embedding is not None:
+                if embedding_lookup == "fold":
+                    fold_block_lookups(target)
+                    embedding["op"] = "Gather of int4 blocks folded to float at load"
+                embedding["lookup"] = embedding_lookup
         except ExportError:
             raise
         except Exception as exc:

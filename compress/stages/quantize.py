@@ -13,7 +13,7 @@ import random
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from compress.config import Strict
 from compress.errors import ExportError, RecipeError
@@ -64,12 +64,18 @@ class QuantizeConfig(StageConfig):
     """auto: how many float-layer candidates the search may try."""
     embedding_bits: Literal[8, 4] = 8
     """ONNX targets: 4 stores the embedding tables (what Gather reads) int4 in blocks of
-    embedding_block values with a scale and zero point each (onnxruntime's GatherBlockQuantized),
+    embedding_block values with a scale and zero point each (read as embedding_lookup says),
     about 0.64 of their int8 bytes at blocks of 32 (4 bits + a float32 scale and a 4-bit zero point per
     block); a lookup does no arithmetic, so it costs storage only. TFLite targets keep
     int8 tables (their runtimes' embedding kernels have no int4 path checked here). Not with auto."""
     embedding_block: int = Field(32, ge=16, le=1024)
     """Values per int4 block of an embedding row (a power of two)."""
+    embedding_lookup: Literal["fold", "blocked"] = "fold"
+    """How an ONNX graph reads int4 tables. fold: constant ops (Cast, Sub, Mul) on the int4 bytes that
+    ONNX Runtime folds into a float table when it loads the file, so each call is a plain Gather (the
+    file keeps the int4 bytes; the process holds the tables in float, vocab x hidden x 4 bytes);
+    blocked: onnxruntime's GatherBlockQuantized dequantizes the rows it reads on every call (least
+    memory, slower at batch 1)."""
 
     @field_validator("embedding_block")
     @classmethod
@@ -77,6 +83,15 @@ class QuantizeConfig(StageConfig):
         if value & (value - 1):
             raise ValueError(f"embedding_block {value} is not a power of two; use one from 16 to 1024")
         return value
+
+    @model_validator(mode="after")
+    def _lookup_needs_int4(self) -> QuantizeConfig:
+        if self.embedding_lookup == "blocked" and self.embedding_bits != 4:
+            raise ValueError(
+                f"embedding_lookup: {self.embedding_lookup} says how int4 tables are read, and "
+                "embedding_bits is 8; set embedding_bits: 4 or remove embedding_lookup"
+            )
+        return self
 
 
 def schemes_by_target(config: QuantizeConfig, targets: list[str]) -> dict[str, str]:
@@ -228,6 +243,7 @@ def quantize_target(
             activations=profile.quantization.activations,
             embedding_bits=config.embedding_bits,
             embedding_block=config.embedding_block,
+            embedding_lookup=config.embedding_lookup,
             name=name,
         )
     from compress.quantize.tflite import quantize_tflite, signature_feeds

@@ -160,12 +160,16 @@ def test_fused_int8_stores_every_large_constant_int8_and_agrees(tmp_path, fused_
     assert np.abs(int8_logits - float_logits).max() < 0.1
 
 
-def test_fused_graph_takes_int4_embedding_tables(tmp_path, fused_dir):
-    manifest = quantize_onnx(fused_dir, tmp_path / "int4", scheme="dynamic", embedding_bits=4)
+@pytest.mark.parametrize("lookup", ["fold", "blocked"])
+def test_fused_graph_takes_int4_embedding_tables(tmp_path, fused_dir, lookup):
+    manifest = quantize_onnx(
+        fused_dir, tmp_path / "int4", scheme="dynamic", embedding_bits=4, embedding_lookup=lookup
+    )
     embedding = manifest["quantization"]["embedding"]
     assert any("word_embeddings" in t for t in embedding["tables"]) and embedding["float_tables"] == []
     ops = op_counts(tmp_path / "int4" / "model.onnx")
-    assert ops["GatherBlockQuantized"] >= 3 and ops["MultiHeadAttention"] == 2
+    assert ops["GatherBlockQuantized"] == (len(embedding["tables"]) if lookup == "blocked" else 0)
+    assert len(embedding["tables"]) >= 3 and ops["MultiHeadAttention"] == 2
     assert np.isfinite(runner_logits(tmp_path / "int4")).all()
 
 
@@ -181,11 +185,12 @@ def test_packed_attention_becomes_qattention_in_dynamic_int8(tmp_path, fused_dir
     assert ops["Attention"] == 2 and ops["MultiHeadAttention"] == 0 and ops["Softmax"] == 0
     assert manifest["check"]["max_abs_diff"] <= ATOL
     np.testing.assert_allclose(runner_logits(tmp_path / "fp32"), runner_logits(fused_dir), atol=1e-4)
-    quantize_onnx(tmp_path / "fp32", tmp_path / "int8", scheme="dynamic", embedding_bits=4)
+    int8 = quantize_onnx(tmp_path / "fp32", tmp_path / "int8", scheme="dynamic", embedding_bits=4)
     path = tmp_path / "int8" / "model.onnx"
     assert onnx_float_constants(path) == {}  # the packed weight is int8 too
     ops = op_counts(path)
-    assert ops["QAttention"] == 2 and ops["Attention"] == 0 and ops["GatherBlockQuantized"] >= 3
+    assert ops["QAttention"] == 2 and ops["Attention"] == 0
+    assert len(int8["quantization"]["embedding"]["tables"]) >= 3
     assert np.abs(runner_logits(tmp_path / "int8") - runner_logits(tmp_path / "fp32")).max() < 0.1
     with pytest.raises(ExportError, match="attention 'stacked' is not one of separate, packed"):
         export_onnx(model, tokenizer, tmp_path / "bad", target, fuse=True, attention="stacked")

@@ -16,7 +16,8 @@ def test_dequantized_lookups_give_the_stored_files_logits_with_and_without_foldi
     model, tokenizer = load_classifier(tiny_bert_dir)
     fp32, int8 = tmp_path / "fp32", tmp_path / "int8"
     export_onnx(model, tokenizer, fp32, load_target("arm64-onnx"), name="fp32")
-    quantize_onnx(fp32, int8, scheme="dynamic", per_channel=True, embedding_bits=4)
+    blocked = {"embedding_bits": 4, "embedding_lookup": "blocked"}
+    quantize_onnx(fp32, int8, scheme="dynamic", per_channel=True, **blocked)
     stored = onnx.load(str(int8 / "model.onnx"))
     lookups = sum(n.op_type == "GatherBlockQuantized" for n in stored.graph.node)
     assert lookups >= 1

@@ -127,8 +127,9 @@ def test_static_needs_calibration_and_a_known_method(tmp_path, float_dir, calibr
     assert not (tmp_path / "x").exists()
 
 
-def block_quantized_tables(path) -> dict[str, np.dtype]:
-    """The tables GatherBlockQuantized reads, with their stored element type."""
+def lookup_tables(path) -> dict[str, np.dtype]:
+    """The int4 tables the graph reads (by GatherBlockQuantized, or by the Cast of a folded lookup),
+    with their stored element type."""
     from onnx import numpy_helper
 
     graph = onnx.load(str(path)).graph
@@ -136,12 +137,15 @@ def block_quantized_tables(path) -> dict[str, np.dtype]:
     return {
         n.input[0]: numpy_helper.to_array(inits[n.input[0]]).dtype
         for n in graph.node
-        if n.op_type == "GatherBlockQuantized"
+        if n.op_type in ("GatherBlockQuantized", "Cast") and n.input[0] in inits and "zero" not in n.name
     }
 
 
 @pytest.mark.parametrize("scheme", ["dynamic", "static"])
-def test_embedding_bits_4_stores_every_lookup_table_int4_in_blocks(tmp_path, float_dir, calibration, scheme):
+@pytest.mark.parametrize("lookup", ["fold", "blocked"])
+def test_embedding_bits_4_stores_every_lookup_table_int4_in_blocks(
+    tmp_path, float_dir, calibration, scheme, lookup
+):
     eight = quantize_onnx(
         float_dir, tmp_path / "int8", scheme=scheme, calibration=calibration if scheme == "static" else None
     )
@@ -152,16 +156,19 @@ def test_embedding_bits_4_stores_every_lookup_table_int4_in_blocks(tmp_path, flo
         calibration=calibration if scheme == "static" else None,
         embedding_bits=4,
         embedding_block=16,
+        embedding_lookup=lookup,
     )
     assert eight["quantization"]["embedding"] == {"bits": 8, "float_tables": []}
     stored = four["quantization"]["embedding"]
     assert stored["bits"] == 4 and stored["block_size"] == 16 and stored["tables"]
-    tables = block_quantized_tables(tmp_path / "int4" / "model.onnx")
+    assert stored["lookup"] == lookup
+    tables = lookup_tables(tmp_path / "int4" / "model.onnx")
     assert len(tables) == len(stored["tables"]) == len(float_lookup_tables(float_dir / "model.onnx"))
     assert {str(t) for t in tables.values()} == {"uint4"}  # asymmetric: a zero point per block
+    ops = {n.op_type for n in onnx.load(str(tmp_path / "int4" / "model.onnx")).graph.node}
+    assert ("GatherBlockQuantized" in ops) == (lookup == "blocked")
     # no lookup reads a float (or an int8) table any more, and the matmuls are still int8
     assert not float_lookup_tables(tmp_path / "int4" / "model.onnx")
-    ops = {n.op_type for n in onnx.load(str(tmp_path / "int4" / "model.onnx")).graph.node}
     assert ops & {"MatMulInteger", "DynamicQuantizeMatMul", "QuantizeLinear"}
     size = (tmp_path / "int4" / "model.onnx").stat().st_size
     assert size < (tmp_path / "int8" / "model.onnx").stat().st_size
@@ -171,6 +178,48 @@ def test_embedding_bits_4_stores_every_lookup_table_int4_in_blocks(tmp_path, flo
     )
     assert np.abs(got - ref).max() < 0.1
     onnx.checker.check_model(str(tmp_path / "int4" / "model.onnx"))
+
+
+@pytest.mark.parametrize("block", [16, 64])  # the tables are 32 wide: whole blocks, then one padded block
+def test_folded_lookups_are_plain_gathers_at_run_time_with_the_blocked_logits(tmp_path, float_dir, block):
+    import onnxruntime as ort
+
+    made = {}
+    for lookup in ("fold", "blocked"):
+        made[lookup] = quantize_onnx(
+            float_dir,
+            tmp_path / lookup,
+            scheme="dynamic",
+            embedding_bits=4,
+            embedding_block=block,
+            embedding_lookup=lookup,
+        )
+    fold, blocked = made["fold"]["quantization"]["embedding"], made["blocked"]["quantization"]["embedding"]
+    assert fold["tables"] == blocked["tables"]
+    # the same int4 bytes (and a padded block's padding): larger only by a few small constant nodes
+    sizes = {k: (tmp_path / k / "model.onnx").stat().st_size for k in made}
+    stored = onnx.load(str(tmp_path / "fold" / "model.onnx")).graph.initializer
+    rows = sum(i.dims[0] for i in stored if i.data_type == onnx.TensorProto.UINT4 and i.dims[-1] == block)
+    padding = rows * (-(-32 // block) * block - 32) // 2  # int4: two values a byte
+    assert 0 < sizes["fold"] - sizes["blocked"] - padding < 4096
+    got, ref = (predict_logits(tmp_path / k, SAMPLE_TEXTS, None) for k in ("fold", "blocked"))
+    assert np.abs(got - ref).max() < 1e-5
+    # what ONNX Runtime runs after loading with its default options: float tables and plain lookups
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "as-run.onnx")
+    ort.InferenceSession(str(tmp_path / "fold" / "model.onnx"), options, providers=["CPUExecutionProvider"])
+    graph = onnx.load(str(tmp_path / "as-run.onnx")).graph
+    four_bit = [i.name for i in graph.initializer if i.data_type in (onnx.TensorProto.UINT4, 22)]  # 22: INT4
+    assert not four_bit and "GatherBlockQuantized" not in {n.op_type for n in graph.node}
+    assert len(float_lookup_tables(tmp_path / "as-run.onnx")) == len(fold["tables"])
+
+
+def test_an_unknown_embedding_lookup_is_an_error(tmp_path, float_dir):
+    with pytest.raises(ExportError, match="embedding_lookup 'packed' is not one of"):
+        quantize_onnx(
+            float_dir, tmp_path / "q", scheme="dynamic", embedding_bits=4, embedding_lookup="packed"
+        )
+    assert not (tmp_path / "q").exists()
 
 
 def test_embedding_bits_4_with_gather_left_float_is_an_error(tmp_path, float_dir):

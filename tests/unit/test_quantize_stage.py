@@ -267,6 +267,12 @@ def test_embedding_bits_4_is_checked_against_the_scheme_and_the_block_size():
         QuantizeConfig(embedding_bits=4, embedding_block=48)
     with pytest.raises(ValidationError):
         QuantizeConfig(embedding_bits=2)
+    assert QuantizeConfig(embedding_bits=4, embedding_lookup="blocked").embedding_lookup == "blocked"
+    assert QuantizeConfig(embedding_bits=4).embedding_lookup == "fold"
+    with pytest.raises(ValueError, match="embedding_lookup: blocked says how int4 tables are read"):
+        QuantizeConfig(embedding_lookup="blocked")
+    with pytest.raises(ValueError, match="embedding_lookup"):
+        QuantizeConfig(embedding_bits=4, embedding_lookup="gather")
 
 
 @pytest.mark.slow
