@@ -182,9 +182,10 @@ def main(argv: list[str] | None = None) -> int:
     summary = compare(load(args.runs[0]), load(args.runs[1]), args.baseline, args.tolerance)
     args.out.mkdir(parents=True, exist_ok=True)
     plot(summary, args.out / "rerun.png")
-    write_text_atomic(args.out / "rerun.md", markdown(summary))
+    text = markdown(summary)
+    write_text_atomic(args.out / "rerun.md", text)
     write_json_atomic(args.out / "rerun.json", summary)
-    print(markdown(summary).splitlines()[-1])
+    print(text.splitlines()[-1])
     return 0
 
 

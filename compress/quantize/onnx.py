@@ -136,13 +136,17 @@ def store_tables_int8(source: Path, target: Path) -> None:
         quiet.setLevel(level)
 
 
-def store_tables_int4(path: Path, block_size: int, exclude_nodes: list[str] | None = None) -> dict[str, Any]:
+def store_tables_int4(
+    path: Path, block_size: int, lookup: Literal["fold", "blocked"], exclude_nodes: list[str] | None = None
+) -> dict[str, Any]:
     """Rewrite ``path`` in place with every float table a ``Gather`` reads stored as int4 blocks
     (except the lookups in ``exclude_nodes``, kept float on purpose).
 
     Asymmetric blocks of ``block_size`` values along the hidden axis (axis 1 of a [vocab, hidden]
-    table), each with a float scale and an int4 zero point; the graph gets onnxruntime's
-    ``GatherBlockQuantized`` contrib op and opset 21 (int4 tensors). Returns what was stored.
+    table), each with a float scale and an int4 zero point, in opset 21 (int4 tensors); onnxruntime's
+    ``GatherBlockQuantized`` contrib op reads them (``lookup="blocked"``), or, with ``lookup="fold"``,
+    constant ops that ONNX Runtime folds into float tables at load (``fold_block_lookups``). Returns
+    what was stored.
     """
     import logging
 
@@ -185,26 +189,31 @@ def store_tables_int4(path: Path, block_size: int, exclude_nodes: list[str] | No
             f"{path.name}: embedding_bits: 4 found no float embedding table to store int4 "
             "(no Gather reads a float initializer); use embedding_bits: 8"
         )
+    if lookup == "fold":
+        fold_block_lookups(result)
     onnx.save(result, str(path))
     return {
         "bits": 4,
         "block_size": block_size,
         "symmetric": False,
-        "op": "com.microsoft.GatherBlockQuantized",
+        "op": "Gather of int4 blocks folded to float at load"
+        if lookup == "fold"
+        else "com.microsoft.GatherBlockQuantized",
+        "lookup": lookup,
         "tables": tables,
     }
 
 
-def fold_block_lookups(path: Path) -> list[str]:
-    """Rewrite ``path`` in place with every ``GatherBlockQuantized`` as a plain ``Gather`` of a table
-    computed from the same int4 initializers by constant ops: ``(Cast(q) - Cast(zero point)) * scale``,
-    per block, reshaped to [vocab, hidden]. The arithmetic is the op's own, so the logits are the same;
-    ONNX Runtime folds it into a float table at load. Returns the tables rewritten.
+def fold_block_lookups(model: Any) -> list[str]:
+    """Rewrite ``model`` (an ``onnx.ModelProto``) in place with every ``GatherBlockQuantized`` as a
+    plain ``Gather`` of a table computed from the same int4 initializers by constant ops:
+    ``(Cast(q) - Cast(zero point)) * scale``, per block, reshaped to [vocab, hidden]. The arithmetic is
+    the op's own, so the logits are the same; ONNX Runtime folds it into a float table at load. Returns
+    the tables rewritten.
     """
     import onnx
     from onnx import helper, numpy_helper
 
-    model = onnx.load(str(path))
     graph = model.graph
     inits = {i.name: i for i in graph.initializer}
     nodes, folded = [], []
@@ -218,7 +227,7 @@ def fold_block_lookups(path: Path) -> list[str]:
         block = attrs.get("block_size", 128)
         if attrs.get("gather_axis", 0) != 0 or attrs.get("quantize_axis", 1) != 1:
             raise ExportError(
-                f"{path.name}: {node.name} reads blocks along an axis compress does not write; "
+                f"{node.name} reads int4 blocks along an axis compress does not write; "
                 "use embedding_lookup: blocked"
             )
         count = -(-width // block)  # the last block of a row may be padded
@@ -257,7 +266,6 @@ def fold_block_lookups(path: Path) -> list[str]:
         kept = [o for o in model.opset_import if o.domain != "com.microsoft"]
         del model.opset_import[:]
         model.opset_import.extend(kept)
-    onnx.save(model, str(path))
     return folded
 
 
@@ -369,12 +377,11 @@ def quantize_onnx(
                     ),
                     extra_options={"ActivationSymmetric": symmetric, "DefaultTensorType": FLOAT},
                 )
-            embedding = store_tables_int4(target, embedding_block, excluded) if embedding_bits == 4 else None
-            if embedding is not None:
-                if embedding_lookup == "fold":
-                    fold_block_lookups(target)
-                    embedding["op"] = "Gather of int4 blocks folded to float at load"
-                embedding["lookup"] = embedding_lookup
+            embedding = (
+                store_tables_int4(target, embedding_block, embedding_lookup, excluded)
+                if embedding_bits == 4
+                else None
+            )
         except ExportError:
             raise
         except Exception as exc:

@@ -88,8 +88,8 @@ class QuantizeConfig(StageConfig):
     def _lookup_needs_int4(self) -> QuantizeConfig:
         if self.embedding_lookup == "blocked" and self.embedding_bits != 4:
             raise ValueError(
-                f"embedding_lookup: {self.embedding_lookup} says how int4 tables are read, and "
-                "embedding_bits is 8; set embedding_bits: 4 or remove embedding_lookup"
+                "embedding_lookup: blocked says how int4 tables are read, and embedding_bits is 8; "
+                "set embedding_bits: 4 or remove embedding_lookup"
             )
         return self
 

@@ -170,7 +170,7 @@ def test_int4_lookup_table_counts_as_quantized_and_its_block_scales_are_part_of_
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
     assert onnx_float_constants(path) == {"table": table.nbytes}
 
-    stored = store_tables_int4(path, block_size=16)
+    stored = store_tables_int4(path, block_size=16, lookup="blocked")
     assert stored["tables"] == ["table"] and stored["bits"] == 4
     assert onnx_float_constants(path) == {}
     scales = [i for i in onnx.load(str(path)).graph.initializer if i.data_type == TensorProto.FLOAT]
@@ -191,4 +191,4 @@ def test_int4_tables_need_a_float_lookup_to_store(tmp_path):
     model = _shared_transpose_graph(np.ones((8, 8), np.float32))
     onnx.save(model, tmp_path / "model.onnx")
     with pytest.raises(ExportError, match="found no float embedding table"):
-        store_tables_int4(tmp_path / "model.onnx", block_size=16)
+        store_tables_int4(tmp_path / "model.onnx", block_size=16, lookup="blocked")
