@@ -242,7 +242,9 @@ def fold_block_lookups(model: Any) -> list[str]:
             del inits[name].dims[:]
             inits[name].dims.extend(dims)
         stem = node.name or table
-        constants = {"shape": [rows, count * block], "start": [0], "end": [width], "axis": [1]}
+        constants = {"shape": [rows, count * block]}
+        if width % block:  # the Slice's bounds: only a padded table has one (no unused initializers)
+            constants.update(start=[0], end=[width], axis=[1])
         for name, value in constants.items():
             graph.initializer.append(numpy_helper.from_array(np.array(value, np.int64), f"{stem}_{name}"))
 

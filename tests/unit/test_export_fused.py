@@ -43,6 +43,67 @@ def op_counts(path) -> Counter:
     return Counter(node.op_type for node in onnx.load(str(path), load_external_data=False).graph.node)
 
 
+def session_op_counts(path, tmp_path) -> Counter:
+    """Op counts of the graph an ONNX Runtime session runs after its default load-time optimizations."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "session-optimized.onnx")
+    ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return op_counts(tmp_path / "session-optimized.onnx")
+
+
+def test_split_skip_layer_norm_computes_the_contrib_op(tmp_path):
+    """The split (Add, Add, LayerNormalization) against ONNX Runtime's own SkipLayerNormalization on the
+    same inputs, with the bias and the input+skip+bias sum output, and a graph without the bias."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from compress.export.onnx import split_skip_layer_norms
+
+    rng = np.random.default_rng(0)
+    hidden = 16
+    weights = {
+        name: numpy_helper.from_array(rng.normal(size=hidden).astype(np.float32), name)
+        for name in ("gamma", "beta", "bias")
+    }
+
+    def graph(with_bias: bool):
+        inputs = ["x", "skip", "gamma", "beta"] + (["bias"] if with_bias else [])
+        outputs = ["y", "", "", "sum"] if with_bias else ["y"]
+        node = helper.make_node(
+            "SkipLayerNormalization", inputs, outputs, name="sln", domain="com.microsoft", epsilon=1e-5
+        )
+        tensor = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 3, hidden]) for n in ("x", "skip")]
+        out = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 3, hidden]) for n in outputs if n]
+        used = [weights[n] for n in inputs if n in weights]
+        return helper.make_model(
+            helper.make_graph([node], "g", tensor, out, used),
+            opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)],
+        )
+
+    feeds = {n: rng.normal(size=(2, 3, hidden)).astype(np.float32) for n in ("x", "skip")}
+    for with_bias in (True, False):
+        contrib = graph(with_bias)
+        split = graph(with_bias)
+        assert split_skip_layer_norms(split) == 1
+        assert Counter(n.op_type for n in split.graph.node) == {
+            "Add": 2 if with_bias else 1,
+            "LayerNormalization": 1,
+        }
+        onnx.checker.check_model(split)
+        results = [
+            ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+            for m in (contrib, split)
+        ]
+        for expected, got in zip(*results, strict=True):
+            np.testing.assert_allclose(got, expected, atol=1e-5)
+    old = graph(True)
+    old.opset_import[0].version = 16  # no standard LayerNormalization: the contrib op stays
+    assert split_skip_layer_norms(old) == 0 and old.graph.node[0].op_type == "SkipLayerNormalization"
+
+
 def calibration(tokenizer) -> list[dict[str, np.ndarray]]:
     enc = tokenizer(SAMPLE_TEXTS, padding="max_length", max_length=24, truncation=True, return_tensors="np")
     return [{k: enc[k].astype(np.int64) for k in ("input_ids", "attention_mask", "token_type_ids")}]
@@ -61,8 +122,12 @@ def test_fused_export_records_its_fusions_and_matches_pytorch(fused_dir, wide_di
     fusion = manifest["fusion"]
     assert fusion["applied"] and "reason" not in fusion
     assert fusion["ops"]["MultiHeadAttention"] == 2
-    assert fusion["ops"]["SkipLayerNormalization"] >= 2 and fusion["ops"]["BiasGelu"] == 2
+    assert fusion["ops"]["BiasGelu"] == 2 and fusion["ops"]["LayerNormalization"] >= 5
+    # the fused skip-layer-norms are split back into Add, Add, LayerNormalization (faster kernels)
+    assert fusion["split"]["SkipLayerNormalization"] >= 4 and "SkipLayerNormalization" not in fusion["ops"]
     ops = op_counts(fused_dir / "model.onnx")
+    assert ops["SkipLayerNormalization"] == 0
+    assert ops["LayerNormalization"] == fusion["ops"]["LayerNormalization"]
     assert ops["MultiHeadAttention"] == 2 and ops["Softmax"] == 0  # the graph holds what the record says
     assert ops["EmbedLayerNormalization"] == 0 and ops["Gather"] >= 3  # lookups left for int8/int4 tables
     # the runtime contract is unchanged: names, int64, dynamic batch and sequence
@@ -120,12 +185,12 @@ def test_a_fused_graph_that_fails_the_export_check_is_not_shipped(tmp_path, wide
         import onnx
         from onnx import numpy_helper
 
-        counts = fuse_graph(path, config, attention)
+        counts, split = fuse_graph(path, config, attention)
         model = onnx.load(str(path))
         bias = next(i for i in model.graph.initializer if "classifier.bias" in i.name)
         bias.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(bias) + 1.0, bias.name))
         onnx.save(model, str(path))
-        return counts
+        return counts, split
 
     monkeypatch.setattr(onnx_export, "fuse_graph", wrong_fusion)
     model, tokenizer = load_classifier(wide_dir)
@@ -158,6 +223,8 @@ def test_fused_int8_stores_every_large_constant_int8_and_agrees(tmp_path, fused_
     )
     float_logits, int8_logits = runner_logits(fused_dir), runner_logits(tmp_path / "int8")
     assert np.abs(int8_logits - float_logits).max() < 0.1
+    # what ONNX Runtime runs after its own load-time fusions: the split norms stay split
+    assert session_op_counts(path, tmp_path)["SkipLayerNormalization"] == 0
 
 
 @pytest.mark.parametrize("lookup", ["fold", "blocked"])

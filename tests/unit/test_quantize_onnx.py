@@ -202,6 +202,10 @@ def test_folded_lookups_are_plain_gathers_at_run_time_with_the_blocked_logits(tm
     rows = sum(i.dims[0] for i in stored if i.data_type == onnx.TensorProto.UINT4 and i.dims[-1] == block)
     padding = rows * (-(-32 // block) * block - 32) // 2  # int4: two values a byte
     assert 0 < sizes["fold"] - sizes["blocked"] - padding < 4096
+    # every constant the fold wrote is read (ONNX Runtime warns at every load about unused ones)
+    nodes = onnx.load(str(tmp_path / "fold" / "model.onnx")).graph.node
+    read = {name for node in nodes for name in node.input}
+    assert [i.name for i in stored if i.name not in read] == []
     got, ref = (predict_logits(tmp_path / k, SAMPLE_TEXTS, None) for k in ("fold", "blocked"))
     assert np.abs(got - ref).max() < 1e-5
     # what ONNX Runtime runs after loading with its default options: float tables and plain lookups
