@@ -12,6 +12,10 @@ skip-layer-norm, bias-GELU): the TorchScript exporter tracing eager attention, w
 optimizer matches (the dynamo exporter's attention is not). A model whose attention does not fuse in
 every layer falls back to the dynamo graph, with the reason logged and kept in the manifest: the
 fallback is the checked graph compress has always shipped, so a default-on speed-up never fails a run.
+Two rewrites follow the fusions, both for batch-1 latency on ONNX Runtime's CPU provider and both
+checked against PyTorch with the rest: ``split_skip_layer_norms`` (standard ops instead of a slow
+contrib kernel) and ``first_token_only`` (the last layer after its attention on the one row the head
+reads).
 """
 
 from __future__ import annotations
@@ -135,10 +139,10 @@ def attention_shape(config: Any) -> tuple[int, int, int]:
     )
 
 
-def fuse_graph(path: Path, config: Any, attention: str) -> tuple[dict[str, int], int]:
-    """Run ORT's transformer fusions on ``path`` in place; return the fused op counts of the saved graph
-    and how many ``SkipLayerNormalization`` ops were split back into standard ops
-    (``split_skip_layer_norms``).
+def fuse_graph(path: Path, config: Any, attention: str) -> tuple[dict[str, int], int, int | str]:
+    """Run ORT's transformer fusions on ``path`` in place; return the fused op counts of the saved graph,
+    how many ``SkipLayerNormalization`` ops were split back into standard ops (``split_skip_layer_norms``)
+    and what ``first_token_only`` did (the nodes it narrowed, or why it left the graph as it was).
 
     ``opt_level=0``: the portable Python fusions only; the extended graph optimizations every
     onnxruntime session applies at load time stay with the board's own session. The saved graph is
@@ -166,11 +170,132 @@ def fuse_graph(path: Path, config: Any, attention: str) -> tuple[dict[str, int],
     counts = {op: n for op, n in counts.items() if n}
     fused.save_model_to_file(str(path))
     typed = SymbolicShapeInference.infer_shapes(onnx.load(str(path)), auto_merge=True)
+    first_token = first_token_only(typed)
+    if isinstance(first_token, int):  # the sliced tensors are typed again from scratch
+        typed = SymbolicShapeInference.infer_shapes(typed, auto_merge=True)
     onnx.save(typed, str(path))
-    return counts, split
+    return counts, split, first_token
 
 
 SPLIT_OP = "SkipLayerNormalization"
+TOKEN_WISE_OPS = frozenset(
+    {"MatMul", "Add", "Sub", "Mul", "Div", "LayerNormalization", SPLIT_OP, "BiasGelu", "Gelu", "FastGelu"}
+    | {"Erf", "Tanh", "Relu", "Sqrt", "Pow", "Cast"}
+)
+"""Ops that compute each token's row from that row alone (a MatMul only with a constant weight)."""
+
+
+def _constant_names(graph: Any) -> set[str]:
+    names = {i.name for i in graph.initializer}
+    names.update(o for n in graph.node if n.op_type == "Constant" for o in n.output)
+    return names
+
+
+def _first_token_select(graph: Any) -> Any | None:
+    """The one node that picks token 0 (``Gather(hidden, 0, axis=1)``, BERT's pooler and DistilBERT's
+    head), or None when the graph has no such node or more than one."""
+    from onnx import helper, numpy_helper
+
+    values = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+    for node in graph.node:
+        if node.op_type == "Constant":
+            values.update({node.output[0]: numpy_helper.to_array(node.attribute[0].t)})
+    found = [
+        n
+        for n in graph.node
+        if n.op_type == "Gather"
+        and {a.name: helper.get_attribute_value(a) for a in n.attribute}.get("axis", 0) == 1
+        and n.input[1] in values
+        and values[n.input[1]].shape == ()
+        and int(values[n.input[1]]) == 0
+    ]
+    return found[0] if len(found) == 1 else None
+
+
+def first_token_only(model: Any) -> int | str:
+    """Run the last encoder layer after its attention on token 0 alone, when that is all the head reads.
+
+    A classifier whose head reads only the first token (BERT's pooler, DistilBERT's pre-classifier)
+    uses the last layer's other rows for nothing: its attention needs every token's key and value,
+    but the attention output projection, the feed-forward block and their norms compute each row on
+    its own. ``model`` (a typed ``onnx.ModelProto``, changed in place) gets a ``Slice`` to the first
+    position on the attention's output and on every hidden state that joins after it (the residual),
+    so those ops run on one row instead of the whole sequence; the logits are the same. Returns how
+    many nodes now run on one row, or why the graph was left as it was (the export check then compares
+    the result with PyTorch at several shapes either way).
+    """
+    from onnx import helper, numpy_helper
+
+    graph = model.graph
+    select = _first_token_select(graph)
+    if select is None:
+        return "the head does not read the first token alone (no single Gather of position 0)"
+    producers = {o: n for n in graph.node for o in n.output}
+    attention = [n for n in graph.node if n.op_type in ATTENTION_OPS.values()]
+    if not attention:
+        return "no fused attention"
+    start = attention[-1].output[0]
+    upstream: set[str] = set()
+    stack = [select.input[0]]
+    while stack:  # every tensor the selected hidden state is computed from
+        name = stack.pop()
+        if name in upstream or name not in producers:
+            continue
+        upstream.add(name)
+        stack.extend(producers[name].input)
+    if start not in upstream:
+        return "the first-token select does not follow the last attention"
+    region, reached = [], {start}
+    for node in graph.node:  # topological order: the nodes between the last attention and the select
+        if any(i in reached for i in node.input) and node.output[0] in upstream:
+            region.append(node)
+            reached.update(node.output)
+    constants = _constant_names(graph)
+    outputs = {o.name for o in graph.output}
+    shapes = {v.name: v.type.tensor_type.shape for v in graph.value_info}
+    consumers: dict[str, list[Any]] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    inside = {id(n) for n in region} | {id(select)}
+    joining: set[str] = set()
+    for node in region:
+        if node.op_type not in TOKEN_WISE_OPS or (
+            node.op_type == "MatMul" and node.input[1] not in constants
+        ):
+            return f"{node.name or node.op_type} ({node.op_type}) after the last attention mixes tokens"
+        for name in node.output:
+            if name in outputs or any(id(c) not in inside for c in consumers.get(name, [])):
+                return f"{name} after the last attention is read outside the layer"
+        joining.update(i for i in node.input if i and i not in reached and i not in constants)
+    for name in joining | {start}:
+        if name not in producers:
+            return f"graph input {name} joins after the last attention"
+        shape = shapes.get(name)
+        if shape is None or len(shape.dim) != 3:
+            return f"{name} joins after the last attention without a known [batch, sequence, hidden] shape"
+    first = {"starts": [0], "ends": [1], "axes": [1]}
+    for key, value in first.items():
+        graph.initializer.append(numpy_helper.from_array(np.array(value, np.int64), f"first_token_{key}"))
+    sliced = {name: f"{name}_first_token" for name in sorted(joining | {start})}
+    nodes = []
+    for node in graph.node:
+        nodes.append(node)
+        for name in node.output:
+            if name in sliced:
+                bounds = [f"first_token_{k}" for k in first]
+                nodes.append(helper.make_node("Slice", [name, *bounds], [sliced[name]], name=sliced[name]))
+    for node in region:
+        for index, name in enumerate(node.input):
+            if name in sliced:
+                node.input[index] = sliced[name]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    narrowed = {o for n in region for o in n.output}
+    kept = [v for v in graph.value_info if v.name not in narrowed]
+    del graph.value_info[:]
+    graph.value_info.extend(kept)
+    return len(region)
 
 
 def split_skip_layer_norms(model: Any) -> int:
@@ -252,7 +377,12 @@ def export_fused(module: Classifier, path: Path, profile: TargetProfile, attenti
     }
     try:
         trace_for_fusion(module, path, opset=profile.opset, input_dtype=profile.input_dtype)
-        record["ops"], split = fuse_graph(path, config, attention)
+        record["ops"], split, first_token = fuse_graph(path, config, attention)
+        record["first_token_only"] = (
+            {"applied": True, "nodes": first_token}
+            if isinstance(first_token, int)
+            else {"applied": False, "reason": first_token}
+        )
         if split:
             record["split"] = {
                 SPLIT_OP: split,

@@ -104,6 +104,50 @@ def test_split_skip_layer_norm_computes_the_contrib_op(tmp_path):
     assert split_skip_layer_norms(old) == 0 and old.graph.node[0].op_type == "SkipLayerNormalization"
 
 
+def test_first_token_only_keeps_the_logits_and_refuses_graphs_that_read_other_rows(
+    tmp_path, wide_dir, monkeypatch
+):
+    """On the full fused graph (the rewrite switched off during export): the narrowed graph gives the
+    same logits at several shapes; a hidden state also read elsewhere, or a head that reads another
+    position, leaves the graph as it was and says why."""
+    import onnx
+    import onnxruntime as ort
+
+    import compress.export.onnx as onnx_export
+
+    monkeypatch.setattr(onnx_export, "first_token_only", lambda model: "switched off by the test")
+    model, tokenizer = load_classifier(wide_dir)
+    manifest = export_onnx(model, tokenizer, tmp_path / "full", load_target("arm64-onnx"), fuse=True)
+    assert manifest["fusion"]["first_token_only"] == {"applied": False, "reason": "switched off by the test"}
+    monkeypatch.undo()
+    full = onnx.load(str(tmp_path / "full" / "model.onnx"))
+
+    def logits(graph, texts):
+        enc = tokenizer(texts, padding=True, return_tensors="np")
+        session = ort.InferenceSession(graph.SerializeToString(), providers=["CPUExecutionProvider"])
+        return session.run(["logits"], {k: enc[k].astype(np.int64) for k in manifest_inputs})[0]
+
+    manifest_inputs = [i["name"] for i in manifest["inputs"]]
+    narrowed = onnx.ModelProto()
+    narrowed.CopyFrom(full)
+    assert onnx_export.first_token_only(narrowed) == 10
+    for texts in (SAMPLE_TEXTS[:1], SAMPLE_TEXTS):
+        np.testing.assert_allclose(logits(narrowed, texts), logits(full, texts), atol=1e-5)
+
+    read_elsewhere = onnx.ModelProto()
+    read_elsewhere.CopyFrom(full)
+    last_norm = [n for n in read_elsewhere.graph.node if n.op_type == "LayerNormalization"][-1]
+    read_elsewhere.graph.output.append(onnx.helper.make_empty_tensor_value_info(last_norm.output[0]))
+    assert "is read outside the layer" in onnx_export.first_token_only(read_elsewhere)
+
+    other_row = onnx.ModelProto()
+    other_row.CopyFrom(full)
+    select = onnx_export._first_token_select(other_row.graph)
+    index = next(i for i in other_row.graph.node if select.input[1] in i.output)
+    index.attribute[0].t.CopyFrom(onnx.numpy_helper.from_array(np.array(1, np.int64)))
+    assert "does not read the first token alone" in onnx_export.first_token_only(other_row)
+
+
 def calibration(tokenizer) -> list[dict[str, np.ndarray]]:
     enc = tokenizer(SAMPLE_TEXTS, padding="max_length", max_length=24, truncation=True, return_tensors="np")
     return [{k: enc[k].astype(np.int64) for k in ("input_ids", "attention_mask", "token_type_ids")}]
@@ -125,8 +169,10 @@ def test_fused_export_records_its_fusions_and_matches_pytorch(fused_dir, wide_di
     assert fusion["ops"]["BiasGelu"] == 2 and fusion["ops"]["LayerNormalization"] >= 5
     # the fused skip-layer-norms are split back into Add, Add, LayerNormalization (faster kernels)
     assert fusion["split"]["SkipLayerNormalization"] >= 4 and "SkipLayerNormalization" not in fusion["ops"]
+    # the head reads token 0 alone, so the last layer runs on that row after its attention
+    assert fusion["first_token_only"] == {"applied": True, "nodes": 10}
     ops = op_counts(fused_dir / "model.onnx")
-    assert ops["SkipLayerNormalization"] == 0
+    assert ops["SkipLayerNormalization"] == 0 and ops["Slice"] >= 3
     assert ops["LayerNormalization"] == fusion["ops"]["LayerNormalization"]
     assert ops["MultiHeadAttention"] == 2 and ops["Softmax"] == 0  # the graph holds what the record says
     assert ops["EmbedLayerNormalization"] == 0 and ops["Gather"] >= 3  # lookups left for int8/int4 tables
@@ -185,12 +231,12 @@ def test_a_fused_graph_that_fails_the_export_check_is_not_shipped(tmp_path, wide
         import onnx
         from onnx import numpy_helper
 
-        counts, split = fuse_graph(path, config, attention)
+        counts, split, first = fuse_graph(path, config, attention)
         model = onnx.load(str(path))
         bias = next(i for i in model.graph.initializer if "classifier.bias" in i.name)
         bias.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(bias) + 1.0, bias.name))
         onnx.save(model, str(path))
-        return counts, split
+        return counts, split, first
 
     monkeypatch.setattr(onnx_export, "fuse_graph", wrong_fusion)
     model, tokenizer = load_classifier(wide_dir)
