@@ -275,6 +275,64 @@ def positions_from_mask(module: Classifier) -> Iterator[None]:
                 m.forward = before
 
 
+@contextmanager
+def first_token_last_layer(module: Classifier, tokenizer: Any) -> Iterator[dict[str, Any]]:
+    """Trace the last layer after its attention on token 0 alone, when the head reads that row alone.
+
+    The TFLite counterpart of the ONNX export's ``first_token_only``: BERT's pooler reads position 0
+    of the last layer, whose attention needs every token but whose output projection, feed-forward
+    block and norms compute each row on its own. BERT-like layers (``attention.output(hidden,
+    residual)``) get both inputs of that output block sliced to the first position. Applied only when
+    the block belongs to the last layer alone (not tied to another position) and the patched model
+    gives the same logits on padded sample inputs; the record (put in the export check) says which.
+    """
+    import torch
+
+    layers = getattr(getattr(getattr(module.model, "base_model", None), "encoder", None), "layer", None)
+    block = getattr(getattr(layers[-1], "attention", None), "output", None) if layers else None
+    record: dict[str, Any] = {"applied": False}
+    if block is None or not all(hasattr(block, key) for key in ("dense", "LayerNorm")):
+        record["reason"] = "not a BERT-like last layer (attention.output with dense and LayerNorm)"
+        yield record
+        return
+    if any(getattr(getattr(layer, "attention", None), "output", None) is block for layer in layers[:-1]):
+        record["reason"] = "the last layer's attention output block is tied to another layer"
+        yield record
+        return
+    sample = encode_batch(tokenizer, SAMPLE_TEXTS, None, module.names, length=None, max_length=64)
+    inputs = {name: torch.as_tensor(sample[name]) for name in module.names}
+    with torch.no_grad():
+        full = module(**inputs)["logits"]
+    missing = object()
+    saved, wrapped = block.__dict__.get("forward", missing), block.forward
+
+    def restore() -> None:
+        if saved is missing:
+            block.__dict__.pop("forward", None)
+        else:
+            block.forward = saved
+
+    block.forward = lambda hidden, residual: wrapped(hidden[:, :1], residual[:, :1])
+    try:
+        with torch.no_grad():
+            narrowed = module(**inputs)["logits"]
+        same = narrowed.shape == full.shape and torch.allclose(narrowed, full, atol=1e-5, rtol=1e-4)
+    except Exception as exc:  # a head that reads more than one row fails on the narrowed shape
+        same, reason = False, f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:120]}"
+    else:
+        reason = "the head reads more than the first token (the narrowed model's logits differ)"
+    if not same:
+        restore()
+        record["reason"] = reason
+        yield record
+        return
+    record["applied"] = True
+    try:
+        yield record
+    finally:
+        restore()
+
+
 def export_tflite(
     model: Any,
     tokenizer: Any,
@@ -298,7 +356,7 @@ def export_tflite(
     with atomic_dir(out_dir) as folder:
         path = folder / MODEL_FILES["tflite"]
         norms = unfolded_layer_norms(model) if sharing_spec(model) else nullcontext()
-        with positions_from_mask(module), norms:
+        with positions_from_mask(module), norms, first_token_last_layer(module, tokenizer) as first_token:
             convert_to_tflite(module, path, lengths, pad_id=tokenizer.pad_token_id or 0)
         stats = buffer_stats(path)
         if stats["duplicate_buffer_bytes"]:
@@ -324,7 +382,7 @@ def export_tflite(
             sequence_lengths=lengths,
             text_pair=pairs is not None,
             source=source,
-            check={**check, **stats},
+            check={**check, **stats, "first_token_only": first_token},
             runtime=runtime_contract(path, profile.interpreters, profile.name),
         )
     return manifest

@@ -43,6 +43,7 @@ def test_one_int32_signature_per_length_matching_pytorch(exported):
         for n in ("input_ids", "attention_mask", "token_type_ids")
     ]
     assert manifest["outputs"] == [{"name": "logits", "dtype": "float32", "shape": [1, 2]}]
+    assert manifest["check"]["first_token_only"] == {"applied": True}  # and the logits still match below
     assert {tuple(s) for s in manifest["check"]["shapes"]} == {(1, 16), (1, 32)}
     from ai_edge_litert.interpreter import Interpreter
 
@@ -90,3 +91,35 @@ def test_onnx_profile_is_refused(tmp_path, tiny_bert_dir):
     )
     with pytest.raises(ExportError, match="wants onnx, not tflite"):
         export_tflite(model, tokenizer, tmp_path / "x", onnx_profile)
+
+
+def test_the_last_layer_runs_on_the_first_token_only_when_nothing_else_reads_it(tiny_bert_dir):
+    """Inside the context the last layer's output block sees one row and the logits are unchanged;
+    a block tied to another layer is left alone; on exit the module is as it was."""
+    from compress.export import Classifier, encode_batch
+    from compress.export.tflite import first_token_last_layer
+
+    model, tokenizer = load_classifier(tiny_bert_dir)
+    module = Classifier(model.eval(), additive_mask=True).eval()
+    enc = encode_batch(tokenizer, SAMPLE_TEXTS, None, module.names, length=None, max_length=32)
+    inputs = {name: torch.as_tensor(enc[name]) for name in module.names}
+    block = model.bert.encoder.layer[-1].attention.output
+    seen = []
+    hook = block.dense.register_forward_pre_hook(lambda _, args: seen.append(args[0].shape[1]))
+    with torch.no_grad():
+        full = module(**inputs)["logits"]
+        with first_token_last_layer(module, tokenizer) as record:
+            assert record == {"applied": True}
+            seen.clear()
+            torch.testing.assert_close(module(**inputs)["logits"], full, atol=1e-5, rtol=1e-4)
+            assert seen == [1]
+        seen.clear()
+        module(**inputs)
+        assert seen == [inputs["input_ids"].shape[1]] and "forward" not in block.__dict__
+    hook.remove()
+    model.bert.encoder.layer[0].attention.output = block  # tied across layers: not narrowed
+    with first_token_last_layer(module, tokenizer) as record:
+        assert record == {
+            "applied": False,
+            "reason": "the last layer's attention output block is tied to another layer",
+        }
