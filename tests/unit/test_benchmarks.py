@@ -620,3 +620,25 @@ def test_the_suite_records_the_commit_it_measured():
     assert commit is not None and len(commit["sha"]) == 40 and isinstance(commit["dirty"], bool)
     assert render.commit_note(commit).startswith(f" at commit {commit['sha'][:7]}")
     assert render.commit_note(None) == ""
+
+
+def test_vocab_unseen_aliases_each_dropped_row_to_its_nearest_kept_row(tiny_bert_dir):
+    """benchmarks/vocab_unseen.py: a dropped token reads the kept row closest to its own by cosine;
+    kept rows are untouched."""
+    import torch
+
+    from benchmarks.vocab_unseen import alias_rows, nearest_kept
+    from compress.models import load_classifier
+
+    table = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.9, 0.1], [-0.1, 2.0], [-1.0, 0.0]])
+    assert nearest_kept(table, [0, 1]) == {2: 0, 3: 1, 4: 1}  # row 4 is as far from 0 as can be
+    assert nearest_kept(table, [0, 1, 2, 3, 4]) == {}
+    model, _ = load_classifier(tiny_bert_dir)
+    weight = model.get_input_embeddings().weight
+    before = weight.detach().clone()
+    kept = list(range(0, weight.shape[0], 3))
+    aliases = nearest_kept(before, kept)
+    assert alias_rows(model, kept) == weight.shape[0] - len(kept) == len(aliases)
+    assert torch.equal(weight[kept], before[kept])
+    for dropped, row in aliases.items():
+        assert row in kept and torch.equal(weight[dropped], before[row])
