@@ -198,8 +198,9 @@ def _first_token_select(graph: Any) -> Any | None:
 
     values = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
     for node in graph.node:
-        if node.op_type == "Constant":
-            values.update({node.output[0]: numpy_helper.to_array(node.attribute[0].t)})
+        value = next((a.t for a in node.attribute if a.name == "value"), None)
+        if node.op_type == "Constant" and value is not None:  # value_int(s) and the like: not an index here
+            values[node.output[0]] = numpy_helper.to_array(value)
     found = [
         n
         for n in graph.node
