@@ -16,6 +16,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -62,6 +63,42 @@ def shown(path: Path) -> str:
         return str(path.resolve().relative_to(repo))
     except ValueError:
         return path.name if not path.is_absolute() else str(Path(*path.parts[-2:]))
+
+
+def task_splits(shared: Path, task: str, holdout: int) -> tuple[Any, Any, Any]:
+    """The suite's fit and held-out training rows (10% at most ``holdout``, seed 0) and dev, loaded."""
+    import tempfile
+
+    from benchmarks.compress_rows import holdout_split
+    from compress.data import load_file
+
+    text, pair, label = COLUMNS[task]
+    with tempfile.TemporaryDirectory(prefix="bench-splits-") as tmp:
+        fit, held = holdout_split(shared / "data" / task / "train.tsv", Path(tmp), 0.1, holdout, 0)
+        train = load_file(fit, text=text, text_pair=pair, label=label)
+        heldout = load_file(held, text=text, text_pair=pair, label=label)
+    dev = load_file(shared / "data" / task / "dev.tsv", text=text, text_pair=pair, label=label)
+    return train, heldout, dev
+
+
+def parse_students(items: list[str]) -> list[tuple[str, Path]]:
+    """``--student TASK=FOLDER`` arguments as (task, folder) pairs; a bad one stops the script with a line."""
+    students = []
+    for item in items:
+        task, sep, folder = item.partition("=")
+        if not sep or task not in COLUMNS or not Path(folder).is_dir():
+            raise SystemExit(f"--student {item}: give TASK=FOLDER, TASK one of {sorted(COLUMNS)}")
+        students.append((task, Path(folder)))
+    return students
+
+
+def write_results(out: Path, command: str, seconds: float, rows: list[dict], markdown: str) -> None:
+    """``OUT.json`` (command, seconds, rows) and ``OUT.md`` beside it."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    payload = {"command": command, "seconds": round(seconds, 1), "rows": rows}
+    out.with_suffix(".json").write_text(json.dumps(payload, indent=1) + "\n")
+    out.with_suffix(".md").write_text(markdown)
+    print(f"wrote {out}.json and .md", file=sys.stderr)
 
 
 def compare(

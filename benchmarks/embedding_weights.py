@@ -17,17 +17,14 @@ model before factorising. Dev accuracy is measured once per row, never chosen on
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 if not __package__:  # run as ``python benchmarks/embedding_weights.py``: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.compress_rows import holdout_split
-from benchmarks.embedding_bits import COLUMNS, shown
+from benchmarks.embedding_bits import COLUMNS, parse_students, shown, task_splits, write_results
 
 MAX_LENGTH = 128
 
@@ -52,19 +49,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def measure_task(task: str, models: list[Path], ranks: list[int], args: argparse.Namespace) -> list[dict]:
     import torch
 
-    from compress.data import load_file
     from compress.models import load_classifier
     from compress.share.factorize import factorize_embedding, frequency_weights
     from compress.share.positions import trim_positions
     from compress.share.vocab import prune_vocabulary, token_counts
     from compress.training import classification_metrics, encode, predict_logits
 
-    text, pair, label = COLUMNS[task]
-    with tempfile.TemporaryDirectory(prefix="bench-embw-") as tmp:
-        fit, held = holdout_split(args.shared / "data" / task / "train.tsv", Path(tmp), 0.1, args.holdout, 0)
-        train = load_file(fit, text=text, text_pair=pair, label=label)
-        heldout = load_file(held, text=text, text_pair=pair, label=label)
-    dev = load_file(args.shared / "data" / task / "dev.tsv", text=text, text_pair=pair, label=label)
+    train, heldout, dev = task_splits(args.shared, task, args.holdout)
 
     def prepared(folder: Path):
         model, tokenizer = load_classifier(folder)
@@ -155,11 +146,8 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parse_args(argv)
     students: dict[str, list[Path]] = {}
-    for item in args.student:
-        task, sep, folder = item.partition("=")
-        if not sep or task not in COLUMNS or not Path(folder).is_dir():
-            raise SystemExit(f"--student {item}: give TASK=FOLDER, TASK one of {sorted(COLUMNS)}")
-        students.setdefault(task, []).append(Path(folder))
+    for task, folder in parse_students(args.student):
+        students.setdefault(task, []).append(folder)
     torch.manual_seed(0)
     start = time.time()
     rows = []
@@ -170,11 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         ["--shared ../shared", "--tasks", *args.tasks, "--ranks", *map(str, args.ranks)]
         + [f"--student {t}=…/{shown(p)}" for t, ps in students.items() for p in ps]
     )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    payload = {"command": command, "seconds": round(time.time() - start, 1), "rows": rows}
-    args.out.with_suffix(".json").write_text(json.dumps(payload, indent=1) + "\n")
-    args.out.with_suffix(".md").write_text(markdown(rows, command))
-    print(f"wrote {args.out}.json and .md", file=sys.stderr)
+    write_results(args.out, command, time.time() - start, rows, markdown(rows, command))
     return 0
 
 

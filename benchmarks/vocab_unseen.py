@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -28,8 +27,7 @@ from typing import Any
 if not __package__:  # run as ``python benchmarks/vocab_unseen.py``: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.compress_rows import holdout_split
-from benchmarks.embedding_bits import COLUMNS, shown
+from benchmarks.embedding_bits import parse_students, shown, task_splits, write_results
 
 MAX_LENGTH = 128
 VARIANTS = (
@@ -67,17 +65,11 @@ def alias_rows(model: Any, kept: list[int]) -> int:
 
 
 def measure_task(task: str, folder: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
-    from compress.data import load_file
     from compress.models import load_classifier
     from compress.share.vocab import kept_token_ids, prune_vocabulary, used_token_ids
     from compress.training import classification_metrics, encode, predict_logits
 
-    text, pair, label = COLUMNS[task]
-    with tempfile.TemporaryDirectory(prefix="bench-vocab-") as tmp:
-        fit, held = holdout_split(args.shared / "data" / task / "train.tsv", Path(tmp), 0.1, args.holdout, 0)
-        train = load_file(fit, text=text, text_pair=pair, label=label)
-        heldout = load_file(held, text=text, text_pair=pair, label=label)
-    dev = load_file(args.shared / "data" / task / "dev.tsv", text=text, text_pair=pair, label=label)
+    train, heldout, dev = task_splits(args.shared, task, args.holdout)
 
     def logits(model: Any, tokenizer: Any, split: Any) -> Any:
         return predict_logits(model, encode(tokenizer, split, MAX_LENGTH))
@@ -147,23 +139,14 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     args = parse_args(argv)
-    students = []
-    for item in args.student:
-        task, sep, folder = item.partition("=")
-        if not sep or task not in COLUMNS or not Path(folder).is_dir():
-            raise SystemExit(f"--student {item}: give TASK=FOLDER, TASK one of {sorted(COLUMNS)}")
-        students.append((task, Path(folder)))
+    students = parse_students(args.student)
     torch.manual_seed(0)
     start = time.time()
     rows = [row for task, folder in students for row in measure_task(task, folder, args)]
     command = "python benchmarks/vocab_unseen.py --shared ../shared " + " ".join(
         f"--student {task}=…/{shown(folder)}" for task, folder in students
     )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    payload = {"command": command, "seconds": round(time.time() - start, 1), "rows": rows}
-    args.out.with_suffix(".json").write_text(json.dumps(payload, indent=1) + "\n")
-    args.out.with_suffix(".md").write_text(markdown(rows, command))
-    print(f"wrote {args.out}.json and .md", file=sys.stderr)
+    write_results(args.out, command, time.time() - start, rows, markdown(rows, command))
     return 0
 
 
