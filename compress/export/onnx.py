@@ -196,7 +196,7 @@ def _first_token_select(graph: Any) -> Any | None:
     head), or None when the graph has no such node or more than one."""
     from onnx import helper, numpy_helper
 
-    values = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+    values = {i.name: numpy_helper.to_array(i) for i in graph.initializer if not i.dims}  # scalars only
     for node in graph.node:
         value = next((a.t for a in node.attribute if a.name == "value"), None)
         if node.op_type == "Constant" and value is not None:  # value_int(s) and the like: not an index here

@@ -51,6 +51,24 @@ def convert_to_tflite(module: Classifier, path: Path, lengths: list[int], pad_id
 
 
 @contextmanager
+def replaced_forwards(replacements: list[tuple[Any, Callable[..., Any]]]) -> Iterator[None]:
+    """Give each module its replacement ``forward`` (an instance attribute) while tracing; on exit every
+    module has the ``forward`` it had before, an instance one included."""
+    missing = object()
+    saved = [(module, module.__dict__.get("forward", missing)) for module, _ in replacements]
+    try:
+        for module, forward in replacements:
+            module.forward = forward
+        yield
+    finally:
+        for module, before in saved:
+            if before is missing:
+                module.__dict__.pop("forward", None)
+            else:
+                module.forward = before
+
+
+@contextmanager
 def unfolded_layer_norms(model: Any) -> Iterator[None]:
     """Trace each LayerNorm as an unscaled normalisation followed by its scale and shift.
 
@@ -75,18 +93,8 @@ def unfolded_layer_norms(model: Any) -> Iterator[None]:
 
         return forward
 
-    missing = object()
-    saved = [norm.__dict__.get("forward", missing) for norm in norms]
-    try:
-        for norm in norms:
-            norm.forward = unscaled(norm)
+    with replaced_forwards([(norm, unscaled(norm)) for norm in norms]):
         yield
-    finally:
-        for norm, before in zip(norms, saved, strict=True):
-            if before is missing:
-                norm.__dict__.pop("forward", None)
-            else:
-                norm.forward = before
 
 
 def buffer_stats(path: Path) -> dict[str, int]:
@@ -253,8 +261,6 @@ def positions_from_mask(module: Classifier) -> Iterator[None]:
         return
     mask: dict[str, torch.Tensor] = {}
     wrapped = module.forward
-    missing = object()
-    saved = [m.__dict__.get("forward", missing) for m in (module, table)]
 
     def forward(input_ids: torch.Tensor, attention_mask: torch.Tensor, **rest: Any) -> Any:
         mask["now"] = attention_mask
@@ -264,15 +270,8 @@ def positions_from_mask(module: Classifier) -> Iterator[None]:
         positions = (mask["now"].long().cumsum(1) - 1).clamp(min=0)
         return F.embedding(positions, table.weight)
 
-    module.forward, table.forward = forward, lookup
-    try:
+    with replaced_forwards([(module, forward), (table, lookup)]):
         yield
-    finally:
-        for m, before in zip((module, table), saved, strict=True):
-            if before is missing:
-                del m.forward
-            else:
-                m.forward = before
 
 
 @contextmanager
@@ -303,34 +302,22 @@ def first_token_last_layer(module: Classifier, tokenizer: Any) -> Iterator[dict[
     inputs = {name: torch.as_tensor(sample[name]) for name in module.names}
     with torch.no_grad():
         full = module(**inputs)["logits"]
-    missing = object()
-    saved, wrapped = block.__dict__.get("forward", missing), block.forward
-
-    def restore() -> None:
-        if saved is missing:
-            block.__dict__.pop("forward", None)
+    wrapped = block.forward
+    with replaced_forwards([(block, lambda hidden, residual: wrapped(hidden[:, :1], residual[:, :1]))]):
+        try:
+            with torch.no_grad():
+                narrowed = module(**inputs)["logits"]
+            same = narrowed.shape == full.shape and torch.allclose(narrowed, full, atol=1e-5, rtol=1e-4)
+        except Exception as exc:  # a head that reads more than one row fails on the narrowed shape
+            same, reason = False, f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:120]}"
         else:
-            block.forward = saved
-
-    block.forward = lambda hidden, residual: wrapped(hidden[:, :1], residual[:, :1])
-    try:
-        with torch.no_grad():
-            narrowed = module(**inputs)["logits"]
-        same = narrowed.shape == full.shape and torch.allclose(narrowed, full, atol=1e-5, rtol=1e-4)
-    except Exception as exc:  # a head that reads more than one row fails on the narrowed shape
-        same, reason = False, f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:120]}"
-    else:
-        reason = "the head reads more than the first token (the narrowed model's logits differ)"
-    if not same:
-        restore()
-        record["reason"] = reason
-        yield record
-        return
-    record["applied"] = True
-    try:
-        yield record
-    finally:
-        restore()
+            reason = "the head reads more than the first token (the narrowed model's logits differ)"
+        if same:
+            record["applied"] = True
+            yield record
+            return
+    record["reason"] = reason
+    yield record
 
 
 def export_tflite(
