@@ -79,6 +79,9 @@ ABLATIONS: list[tuple[str, dict[str, Any]]] = [
         "soft+neighbour pairs x2",
         {"layers": 3, "weights": {"soft": 1.0}, "augment": {"method": "pairs", "multiplier": 2}},
     ),
+    # Issue 16, ELECTRA's replaced-token detection beside soft targets: a second pass over each batch with
+    # 15% of the word tokens swapped for embedding neighbours, the student telling which were replaced.
+    ("soft+rtd", {"layers": 3, "weights": {"soft": 1.0, "rtd": 1.0}}),
 ]
 TASKS = {
     "sst2": {"text": "sentence", "label": "label"},

@@ -19,20 +19,23 @@ class LossWeights(Strict):
     relation: float = Field(0.0, ge=0)
     """MiniLM's self-attention relations (``relation`` options)."""
     mlm: float = Field(0.0, ge=0)
+    rtd: float = Field(0.0, ge=0)
+    """ELECTRA's replaced-token detection (``rtd`` options): a second pass over each batch with some words
+    swapped, the student telling which tokens were replaced."""
 
     @model_validator(mode="after")
     def _something_to_learn(self) -> LossWeights:
         if not any(getattr(self, k) > 0 for k in type(self).model_fields):
             raise ValueError(
                 "every loss weight is 0; give at least one of "
-                "soft, hard, hidden, attention, relation, mlm > 0"
+                "soft, hard, hidden, attention, relation, mlm, rtd > 0"
             )
         return self
 
 
 INTERMEDIATE_TERMS = ("hidden", "attention", "relation")
 """Terms on the student's inner layers: TinyBERT's first step when ``intermediate_epochs`` > 0."""
-PREDICTION_TERMS = ("soft", "hard", "mlm")
+PREDICTION_TERMS = ("soft", "hard", "mlm", "rtd")
 """Terms on the student's outputs: TinyBERT's second step."""
 
 
@@ -104,6 +107,14 @@ class MlmOptions(Strict):
         return (1.0, 0.0, 0.0) if self.whole_word else (0.8, 0.1, 0.1)
 
 
+class RtdOptions(Strict):
+    """Which tokens replaced-token detection swaps: each whole-word token of a row, with probability
+    ``rate``, for one of its ``candidates`` nearest neighbours in the student's word-embedding space."""
+
+    rate: float = Field(0.15, gt=0, lt=1)
+    candidates: int = Field(10, ge=1)
+
+
 class ProposerOptions(Strict):
     """A masked-LM proposer fitted on the teacher's own encoder over the task's text (``method: mlm``
     without ``mlm_model``): the teacher is a classifier and ships no MLM head, and none can be downloaded."""
@@ -173,7 +184,7 @@ class DistillOptions(Strict):
     epochs: int = Field(3, gt=0)
     intermediate_epochs: int = Field(0, ge=0)
     """TinyBERT's two steps: the first N epochs train only the intermediate terms (hidden, attention,
-    relation), the remaining ``epochs - N`` only the prediction terms (soft, hard, mlm), each step with
+    relation), the remaining ``epochs - N`` only the prediction terms (soft, hard, mlm, rtd), each step with
     its own optimiser and warm-up/decay schedule. The best epoch and patience count in the second step
     only. 0 = every term from the first epoch."""
     batch_size: int = Field(32, gt=0)
@@ -193,6 +204,7 @@ class DistillOptions(Strict):
     hidden: HiddenOptions = Field(default_factory=HiddenOptions)
     relation: RelationOptions = Field(default_factory=RelationOptions)
     mlm: MlmOptions = Field(default_factory=MlmOptions)
+    rtd: RtdOptions = Field(default_factory=RtdOptions)
     augment: AugmentOptions | None = None
     unlabelled: UnlabelledData | None = None
     quantization_aware: QuantizationAwareOptions | None = None
@@ -216,7 +228,7 @@ class DistillOptions(Strict):
             )
         if not any(getattr(self.weights, k) > 0 for k in PREDICTION_TERMS):
             raise ValueError(
-                "intermediate_epochs: the epochs after them train only soft, hard and mlm, but their weights "
-                "are all 0; give weights.soft (or hard, mlm) > 0, or set intermediate_epochs: 0"
+                "intermediate_epochs: the epochs after them train only soft, hard, mlm and rtd, but their "
+                "weights are all 0; give weights.soft (or hard, mlm, rtd) > 0, or set intermediate_epochs: 0"
             )
         return self

@@ -1,7 +1,8 @@
 """One epoch of distillation and the data it draws.
 
 The epoch itself is ``compress.training.run_epoch``, the loop fine-tuning runs too; what is
-distillation's own is the batch's loss (the teacher's targets for the batch, the MLM masking) and
+distillation's own is the batch's loss (the teacher's targets for the batch, the MLM masking, the
+replaced tokens) and
 the optimiser a training step starts afresh.
 """
 
@@ -17,6 +18,7 @@ from compress.distill.config import INTERMEDIATE_TERMS, DistillOptions
 from compress.distill.data import TransferData
 from compress.distill.losses import Masker
 from compress.distill.objective import DistillModule, Phase
+from compress.distill.rtd import Replacer
 from compress.training import (
     BestKeeper,
     classification_metrics,
@@ -57,6 +59,12 @@ def mlm_batch(masker: Masker | None, data: TransferData, static: Any, batch: dic
     return masked.to(batch["input_ids"].device), labels.to(batch["input_ids"].device)
 
 
+def rtd_batch(replacer: Replacer | None, batch: dict[str, torch.Tensor]) -> Any:
+    if replacer is None:
+        return None
+    return replacer(batch["input_ids"], batch["attention_mask"])
+
+
 @dataclass
 class Loop:
     model: Any
@@ -68,6 +76,8 @@ class Loop:
     best: BestKeeper
     masking: Callable[[dict[str, torch.Tensor]], Any]
     """batch -> (masked ids, MLM labels) or None."""
+    replacing: Callable[[dict[str, torch.Tensor]], Any] = lambda batch: None
+    """batch -> (ids with replaced words, replaced-token labels) or None."""
     optimizer: Any = None
     schedule: Any = None
     layers: bool = True
@@ -96,7 +106,7 @@ class Loop:
         def terms(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
             length = int(batch["attention_mask"].sum(dim=1).max())
             target = to_device(self.data.targets.batch(batch["index"], length, self.layers), device)
-            return self.model(batch, target, self.masking(batch))
+            return self.model(batch, target, self.masking(batch), self.replacing(batch))
 
         return run_epoch(
             self.model,

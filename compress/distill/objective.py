@@ -19,6 +19,7 @@ from compress.distill.losses import (
     relation_kl,
     soft_kl,
 )
+from compress.distill.rtd import detection_head, rtd_loss
 from compress.errors import ModelError, RecipeError
 from compress.training import forward_inputs
 
@@ -176,7 +177,8 @@ def layer_map(options: DistillOptions, student_layers: int, teacher_layers: int)
 
 
 class DistillModule(torch.nn.Module):
-    """Student + optional projection (TinyBERT W_h) + optional MLM head sharing the student's encoder."""
+    """Student + optional projection (TinyBERT W_h) + optional MLM head sharing the student's encoder +
+    optional replaced-token detection head (ELECTRA's discriminator head)."""
 
     def __init__(
         self,
@@ -197,6 +199,7 @@ class DistillModule(torch.nn.Module):
         needs_projection = options.weights.hidden > 0 and width != teacher_width
         self.projection = torch.nn.Linear(width, teacher_width) if needs_projection else None
         self.mlm = mlm_model(student) if options.weights.mlm > 0 else None
+        self.detector = detection_head(student.config) if options.weights.rtd > 0 else None
         if options.weights.relation > 0 and relation is None:
             raise ValueError(
                 "weights.relation > 0 needs the resolved relation layers and teacher projections"
@@ -211,8 +214,12 @@ class DistillModule(torch.nn.Module):
         batch: dict[str, torch.Tensor],
         target: dict[str, Any],
         mlm_batch: tuple[torch.Tensor, torch.Tensor] | None,
+        rtd_batch: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> dict[str, torch.Tensor]:
-        """Each term of the current phase (``active``), unweighted; ``total`` is the weighted sum."""
+        """Each term of the current phase (``active``), unweighted; ``total`` is the weighted sum.
+
+        ``mlm_batch`` / ``rtd_batch``: (masked or corrupted ids, token labels) at the batch's full padded
+        length; ``batch`` may be cut to its longest row."""
         w, active, inputs = self.options.weights, self.active, forward_inputs(self.student, batch)
         mask = inputs["attention_mask"]
         out = self.student(
@@ -245,6 +252,11 @@ class DistillModule(torch.nn.Module):
             length = masked.shape[1]
             mlm_inputs = {**inputs, "input_ids": masked[:, : inputs["input_ids"].shape[1]]}
             terms["mlm"] = mlm_loss(self.mlm(**mlm_inputs).logits, labels[:, : min(length, mask.shape[1])])
+        if "rtd" in active and rtd_batch is not None:
+            corrupted, labels = rtd_batch
+            length = inputs["input_ids"].shape[1]
+            encoder = self.student.base_model(**{**inputs, "input_ids": corrupted[:, :length]})
+            terms["rtd"] = rtd_loss(self.detector(encoder[0]), labels[:, :length])
         terms["total"] = sum(getattr(w, name) * value for name, value in terms.items())
         return terms
 

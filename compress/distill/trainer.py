@@ -16,10 +16,11 @@ import torch
 
 from compress.distill.config import DistillOptions
 from compress.distill.data import prepare_transfer
-from compress.distill.loop import Loop, evaluate, mlm_batch, train_loader
+from compress.distill.loop import Loop, evaluate, mlm_batch, rtd_batch, train_loader
 from compress.distill.losses import Masker
 from compress.distill.objective import DistillModule, phases
 from compress.distill.qat import fake_int8
+from compress.distill.rtd import Replacer, word_embeddings
 from compress.models import save_checkpoint
 from compress.stage_context import StageContext
 from compress.training import BestKeeper, set_seed
@@ -70,6 +71,17 @@ def distill_model(
         if (masker is not None and not options.mlm.dynamic)
         else None
     )
+    replacer = (
+        Replacer(
+            tokenizer,
+            word_embeddings(student),
+            options.rtd,
+            ctx.seed + accelerator.process_index,
+            data.train_enc.input_ids,
+        )
+        if options.weights.rtd > 0
+        else None
+    )
     loader = accelerator.prepare(train_loader(data, options, ctx.seed))
     model = accelerator.prepare(module)
 
@@ -82,7 +94,14 @@ def distill_model(
         stage="distill",
     )
     loop = Loop(
-        model, loader, accelerator, data, options, best, lambda batch: mlm_batch(masker, data, static, batch)
+        model,
+        loader,
+        accelerator,
+        data,
+        options,
+        best,
+        lambda batch: mlm_batch(masker, data, static, batch),
+        lambda batch: rtd_batch(replacer, batch),
     )
     curves: dict[str, list[float]] = {}
     history: list[dict[str, Any]] = []

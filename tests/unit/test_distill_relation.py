@@ -216,7 +216,7 @@ def test_relation_options_are_checked_against_both_models(tmp_path, tiny_bert_di
         ({"epochs": 3, "intermediate_epochs": 1}, r"give weights\.relation \(or hidden, attention\) > 0"),
         (
             {"epochs": 3, "intermediate_epochs": 1, "weights": {"soft": 0, "relation": 1}},
-            r"give weights\.soft \(or hard, mlm\) > 0",
+            r"give weights\.soft \(or hard, mlm, rtd\) > 0",
         ),
     ],
 )
