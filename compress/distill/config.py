@@ -108,8 +108,9 @@ class MlmOptions(Strict):
 
 
 class RtdOptions(Strict):
-    """Which tokens replaced-token detection swaps: each whole-word token of a row, with probability
-    ``rate``, for one of its ``candidates`` nearest neighbours in the student's word-embedding space."""
+    """Which tokens replaced-token detection swaps: each alphabetic word-start token of a row (a whole word
+    or the first piece of a split one), with probability ``rate``, for one of its ``candidates`` nearest
+    whole-word neighbours in the student's word-embedding space."""
 
     rate: float = Field(0.15, gt=0, lt=1)
     candidates: int = Field(10, ge=1)

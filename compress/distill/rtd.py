@@ -2,7 +2,9 @@
 
 Masked-LM learns from the 15% of tokens that are masked; replaced-token detection learns from every
 token: some words of a transfer row are swapped for plausible others and the student tells, token by
-token, which ones were. ELECTRA draws the swaps from a small masked-LM generator; here they come from
+token, which ones were. A swappable token is an alphabetic vocabulary entry that starts a word: a whole
+word, or the first piece of a word the tokenizer splits (continuation pieces, ``##…``, are never swapped).
+ELECTRA draws the swaps from a small masked-LM generator; here they come from
 each word's nearest neighbours in the student's word-embedding space (the words the embedding-neighbour
 augmentation proposes), so a swap is a word of the same kind and telling it apart takes the context.
 The swaps are drawn anew every time a row is seen (dynamic, like RoBERTa's masking). The detection head
@@ -51,11 +53,16 @@ class Replacer:
         words = word_tokens(tokenizer)
         words = words[words < embeddings.shape[0]]
         present = sorted(set(seen.unique().tolist()) & set(words.tolist()))
-        if len(words) <= options.candidates or not present:
+        if len(words) <= options.candidates:
             raise RecipeError(
-                f"rtd: the vocabulary has {len(words)} whole-word tokens and the transfer set {len(present)} "
-                f"of them; replaced-token detection needs more than rtd.candidates ({options.candidates}) "
-                "words to swap in; lower rtd.candidates or set weights.rtd: 0"
+                f"rtd: the vocabulary has {len(words)} whole-word tokens; replaced-token detection needs "
+                f"more than rtd.candidates ({options.candidates}) to swap in; lower rtd.candidates or set "
+                "weights.rtd: 0"
+            )
+        if not present:
+            raise RecipeError(
+                "rtd: the transfer set has no token that is a vocabulary word, so there is nothing to swap; "
+                "set weights.rtd: 0"
             )
         neighbours = embedding_neighbours(embeddings, present, words, options.candidates)
         self.table = torch.full((embeddings.shape[0], options.candidates), -1, dtype=torch.long)

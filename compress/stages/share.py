@@ -190,7 +190,10 @@ def run(ctx: StageContext) -> StageResult:
     if cfg.recovery is not None:
         from compress.distill.trainer import distill_model
 
-        outcome = distill_model(model, tokenizer, ctx.teacher_dir, ctx, cfg.recovery)
+        try:
+            outcome = distill_model(model, tokenizer, ctx.teacher_dir, ctx, cfg.recovery)
+        except RecipeError as exc:
+            raise RecipeError(f"{ctx.where()}.recovery.{exc}") from None
         steps.append(_measure(ctx, model, tokenizer, "recovery", {}))
         metrics["recovery"] = outcome.metrics
         info["recovery"] = outcome.info

@@ -34,7 +34,7 @@ def test_rtd_loss_matches_a_hand_value_and_skips_unlabelled_tokens():
 
 def test_replacer_swaps_only_real_word_tokens_for_neighbours_and_labels_every_real_token(tiny_bert_dir):
     model, tokenizer = load_classifier(tiny_bert_dir)
-    enc = encode(tokenizer, ["the film was really good , !", "bad meal"])
+    enc = encode(tokenizer, ["the film was really good , ! zq", "bad meal"])  # zq: z ##q
     table = word_embeddings(model)
     replacer = Replacer(tokenizer, table, RtdOptions(rate=0.5, candidates=3), seed=0, seen=enc["input_ids"])
     words = set(word_tokens(tokenizer).tolist())  # whole alphabetic tokens: the words and the letters
@@ -56,6 +56,10 @@ def test_replacer_swaps_only_real_word_tokens_for_neighbours_and_labels_every_re
             assert original in words and new in words and new in replacer.table[original].tolist()
         punctuation = torch.isin(enc["input_ids"], torch.tensor(tokenizer.convert_tokens_to_ids([",", "!"])))
         assert not changed[punctuation].any()
+        pieces = torch.tensor(
+            [t.startswith("##") for t in tokenizer.convert_ids_to_tokens(enc["input_ids"][0])]
+        )
+        assert pieces.any() and not changed[0][pieces].any()  # a word's continuation pieces are never swapped
         swapped += int(changed.sum())
     assert swapped > 0
     # the neighbours are the nearest by cosine in the embedding table
@@ -86,6 +90,27 @@ def test_replacer_refuses_a_vocabulary_with_too_few_words(tiny_bert_dir):
         RecipeError, match=r"^rtd: the vocabulary has \d+ whole-word tokens.*lower rtd\.candidates"
     ):
         Replacer(tokenizer, word_embeddings(model), RtdOptions(candidates=500), seed=0, seen=enc["input_ids"])
+
+
+def test_replacer_refuses_a_transfer_set_without_words(tiny_bert_dir):
+    model, tokenizer = load_classifier(tiny_bert_dir)
+    enc = encode(tokenizer, [", !"])
+    with pytest.raises(RecipeError, match=r"^rtd: the transfer set has no token .*set weights\.rtd: 0$"):
+        Replacer(tokenizer, word_embeddings(model), RtdOptions(), seed=0, seen=enc["input_ids"])
+
+
+def test_a_recovery_error_names_the_stage_and_key(tmp_path, tiny_bert_dir, reviews):
+    stages = (
+        "  - type: share\n    layers: {mode: all, relax_rank: 4}\n"
+        "    recovery: {epochs: 1, batch_size: 16, weights: {soft: 1, rtd: 1}, rtd: {candidates: 500}}\n"
+    )
+    recipe = write_recipe(tmp_path / "r.yaml", teacher=tiny_bert_dir, data=reviews, stages=stages)
+    ctx = stage_context(recipe, tmp_path / "run", tiny_bert_dir)
+    with pytest.raises(
+        RecipeError, match=r"stages\[0\]\.recovery\.rtd: the vocabulary has \d+ whole-word"
+    ) as err:
+        get_stage("share").run(ctx)
+    assert "\n" not in str(err.value)
 
 
 def test_a_factorised_table_gives_its_dense_product(tiny_bert_dir):
