@@ -82,6 +82,9 @@ ABLATIONS: list[tuple[str, dict[str, Any]]] = [
     # Issue 16, ELECTRA's replaced-token detection beside soft targets: a second pass over each batch with
     # 15% of the word tokens swapped for embedding neighbours, the student telling which were replaced.
     ("soft+rtd", {"layers": 3, "weights": {"soft": 1.0, "rtd": 1.0}}),
+    # Issue 16, MRPC: is the 3-layer student's gap capacity? The same soft targets with a fourth layer
+    # (teacher layers 0, 1, 3, 4: every-other spaces 4 of 6 layers 1.5 apart).
+    ("soft, 4 layers", {"layers": 4, "weights": {"soft": 1.0}}),
 ]
 TASKS = {
     "sst2": {"text": "sentence", "label": "label"},
