@@ -126,9 +126,16 @@ def rounds_note(task_rows: list[dict[str, Any]]) -> list[str]:
     counts = sorted({r["rounds"]["rounds"] for r in task_rows if r.get("rounds")})
     if not counts:
         return []
+    slices = sorted({r["rounds"].get("slices", 1) for r in task_rows if r.get("rounds")})
+    turns = (
+        "every row in turn"
+        if slices == [1]
+        else f"each cut into {'/'.join(map(str, slices))} turns in which every row in turn times its "
+        "share of the dev rows"
+    )
     return [
         "",
-        f"p50 and p90: median over {'/'.join(map(str, counts))} interleaved rounds (every row in turn, "
+        f"p50 and p90: median over {'/'.join(map(str, counts))} interleaved rounds ({turns}, "
         "alternating direction; each row's model loaded once); brackets: min–max of the rounds' p50.",
     ]
 

@@ -3,15 +3,24 @@
 One latency pass per row measures each row during a different minute, so a noisy minute lands on
 whichever row ran then. Here every row's model is loaded once, in a server process of its own
 (``python -m benchmarks.rounds REQUEST.json``, the same loaders and timing loop as
-``compress.evaluate_worker``), and each round asks every server in turn for one batch-1 latency pass
-over the dev rows; the row's p50 is the median of its rounds' p50s, with their min–max as the
-spread. Rounds alternate direction (forward, backward, forward, ...) so a drift in the machine's
-speed falls on early rows in one round and late rows in the next. Loading once per row keeps the
-extra wall time to the rounds' own timing loops.
+``compress.evaluate_worker``), and each round times every row over the dev rows once. A round is cut
+into ``slices``: slice by slice, every server in turn times its share of the dev rows, so the rows
+take turns every second or two rather than every minute. A row's round is its slices' requests
+pooled; its p50 is the median of its rounds' p50s, with their min–max as the spread. The turns
+alternate direction (forward, backward, forward, ...) so a drift in the machine's speed falls on
+early rows in one turn and late rows in the next.
+
+Why slices: on a shared 2-vCPU VM the machine slows down by ~1.6× for a few seconds at a time (a
+vCPU taken by the host). Rows measured minutes apart then catch different shares of slow seconds,
+and their ratios move by 20-40% between runs; rows that take turns every second or two catch about
+the same share. Loading once per row keeps the extra wall time to the timing loops and a few
+untimed requests before each slice (``rewarm``), which refill the caches the other rows' turns
+evicted.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import statistics
@@ -25,7 +34,7 @@ from typing import Any, Protocol, TextIO
 
 
 class Server(Protocol):
-    def latency(self, warmup: int, samples: int) -> dict[str, Any]: ...
+    def latency(self, warmup: int, samples: int, start: int = 0) -> dict[str, Any]: ...
 
 
 def round_order(rows: int, index: int) -> list[int]:
@@ -57,17 +66,55 @@ def aggregate(per_round: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def slice_bounds(samples: int, slices: int) -> list[tuple[int, int]]:
+    """``(start, count)`` of each slice of ``samples`` requests: contiguous, covering each once, sizes
+    differing by at most one; never more slices than requests."""
+    slices = max(1, min(slices, samples))
+    edges = [samples * k // slices for k in range(slices + 1)]
+    return [(lo, hi - lo) for lo, hi in itertools.pairwise(edges)]
+
+
+def pool(pieces: list[dict[str, Any]]) -> dict[str, Any]:
+    """One round's summary from its slices' raw timings (``seconds``, ``part_seconds``), as if timed
+    in one pass; a round of one slice is that slice's summary."""
+    if len(pieces) == 1:
+        return {k: v for k, v in pieces[0].items() if k not in ("seconds", "part_seconds")}
+    from compress.metrics import latency_parts, latency_summary
+
+    out: dict[str, Any] = latency_summary([t for piece in pieces for t in piece["seconds"]])
+    if all(piece.get("part_seconds") for piece in pieces):
+        names = pieces[0]["part_seconds"]
+        out["parts"] = latency_parts(
+            {name: [t for piece in pieces for t in piece["part_seconds"][name]] for name in names}
+        )
+    return out
+
+
 def interleave(
-    servers: Sequence[Server], rounds: int, warmup: int, samples: int
+    servers: Sequence[Server],
+    rounds: int,
+    warmup: int,
+    samples: int,
+    slices: int = 1,
+    rewarm: int = 2,
 ) -> tuple[list[list[dict[str, Any]]], list[list[int]]]:
-    """Every server's latency summary per round (``[server][round]``) and the order of each round."""
+    """Every server's latency summary per round (``[server][round]``) and the order of every turn
+    (``rounds × slices`` of them). Each turn asks every server for one slice of the requests; a
+    server's first slice is preceded by ``warmup`` untimed requests, every later one by ``rewarm``."""
     results: list[list[dict[str, Any]]] = [[] for _ in servers]
-    orders = []
-    for index in range(rounds):
-        order = round_order(len(servers), index)
-        for position in order:
-            results[position].append(servers[position].latency(warmup, samples))
-        orders.append(order)
+    orders, turn = [], 0
+    bounds = slice_bounds(samples, slices)
+    for _ in range(rounds):
+        pieces: list[list[dict[str, Any]]] = [[] for _ in servers]
+        for start, count in bounds:
+            order = round_order(len(servers), turn)
+            for position in order:
+                before = warmup if turn == 0 else rewarm
+                pieces[position].append(servers[position].latency(before, count, start))
+            orders.append(order)
+            turn += 1
+        for position, piece in enumerate(pieces):
+            results[position].append(pool(piece))
     return results, orders
 
 
@@ -125,9 +172,10 @@ class ProcessServer:
             raise RuntimeError(f"latency server for {self.model} exited ({self.proc.returncode}):\n{tail}")
         return json.loads(line)
 
-    def latency(self, warmup: int, samples: int) -> dict[str, Any]:
+    def latency(self, warmup: int, samples: int, start: int = 0) -> dict[str, Any]:
         assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps({"warmup": warmup, "samples": samples}) + "\n")
+        command = {"warmup": warmup, "samples": samples, "start": start}
+        self.proc.stdin.write(json.dumps(command) + "\n")
         self.proc.stdin.flush()
         return self._read()
 
@@ -161,17 +209,21 @@ def measure_rounds(
     warmup: int,
     samples: int,
     start: Callable[[list[dict[str, Any]]], Any] = process_servers,
+    slices: int = 1,
 ) -> list[list[int]]:
-    """Measure every row's latency in ``rounds`` interleaved rounds and make the median its p50.
+    """Measure every row's latency in ``rounds`` interleaved rounds of ``slices`` turns each and make
+    the median of its rounds its p50.
 
     ``start(requests)`` is a context manager yielding one server per request (process servers by
-    default). Each row records its ``turn`` (0-based place) in every round; returns each round's order
-    of row positions."""
+    default). Each row records its ``turn`` (0-based place) in every turn, and the slices per round;
+    returns every turn's order of row positions."""
     requests = [server_request(row, texts, pairs) for row in task_rows]
     with start(requests) as servers:
-        results, orders = interleave(servers, rounds, warmup, samples)
+        results, orders = interleave(servers, rounds, warmup, samples, slices)
+    used = len(slice_bounds(samples, slices))
     for position, (row, per_round) in enumerate(zip(task_rows, results, strict=True)):
-        apply(row, {**aggregate(per_round), "turn": [order.index(position) for order in orders]})
+        turns = [order.index(position) for order in orders]
+        apply(row, {**aggregate(per_round), "slices": used, "turn": turns})
     return orders
 
 
@@ -198,7 +250,13 @@ def serve(request: dict[str, Any], commands: TextIO, replies: TextIO) -> None:
     for line in commands:
         command = json.loads(line)
         summary = time_requests(
-            model, request["texts"], request["pairs"], command["warmup"], command["samples"]
+            model,
+            request["texts"],
+            request["pairs"],
+            command["warmup"],
+            command["samples"],
+            start=command.get("start", 0),
+            raw=True,
         )
         replies.write(json.dumps(summary) + "\n")
         replies.flush()

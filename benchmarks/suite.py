@@ -10,8 +10,9 @@ benchmarks/recipes/. Every row is measured by compress.evaluate (the torch.compi
 that reuses its measurement loop) with the same settings, and every row keeps the label it predicts
 for each dev row, so its accuracy is given with a paired bootstrap interval against the teacher's
 PyTorch fp32 row on the same rows. Latency is then measured again in interleaved rounds (every row's
-model loaded once, each round timing every row in turn; ``benchmarks/rounds.py``), and a row's p50
-is the median of its rounds with their spread. See benchmarks/README.md.
+model loaded once; each round cut into short turns in which every row in turn times a slice of the
+dev rows; ``benchmarks/rounds.py``), and a row's p50 is the median of its rounds with their spread.
+See benchmarks/README.md.
 """
 
 from __future__ import annotations
@@ -97,6 +98,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=rows.positive_int,
         default=3,
         help="interleaved latency rounds per task (each row in turn); a row's p50 is their median",
+    )
+    p.add_argument(
+        "--slices",
+        type=rows.positive_int,
+        default=16,
+        help="turns per round: every row in turn times 1/SLICES of the dev rows, so rows alternate "
+        "every second or two and share the machine's slow seconds (1: a whole pass per turn)",
     )
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--threads", type=int, default=2)
@@ -353,9 +361,21 @@ def measure_task(
         compress_found, runs = recipe_rows(task, fit_path, held_path, dev, peaks, work, args)
         found += compress_found
     rows.add_intervals(found, dev.labels, args.bootstrap_resamples)
-    log.info("%s: %d interleaved latency rounds over %d rows", task.name, args.rounds, len(found))
+    log.info(
+        "%s: %d interleaved latency rounds of %d turns over %d rows",
+        task.name,
+        args.rounds,
+        args.slices,
+        len(found),
+    )
     rounds.measure_rounds(
-        found, dev.texts, dev.pairs, args.rounds, args.warmup, args.latency_samples or len(dev)
+        found,
+        dev.texts,
+        dev.pairs,
+        args.rounds,
+        args.warmup,
+        args.latency_samples or len(dev),
+        slices=args.slices,
     )
     log.info("%s: profiling the ONNX rows' runtime calls by op type", task.name)
     op_profile.profile_rows(found, dev.texts, dev.pairs, args.warmup, args.latency_samples or len(dev))
@@ -444,6 +464,7 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {
             "latency_samples": args.latency_samples or "every dev row",
             "latency_rounds": args.rounds,
+            "latency_slices": args.slices,
             "warmup": args.warmup,
             "threads": args.threads,
             "throughput_batch": args.batch_size,

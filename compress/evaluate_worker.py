@@ -173,19 +173,27 @@ def _pairs_at(pairs: list[str] | None, start: int, stop: int) -> list[str] | Non
 
 
 def time_requests(
-    model: Model, texts: list[str], pairs: list[str] | None, warmup: int, samples: int
+    model: Model,
+    texts: list[str],
+    pairs: list[str] | None,
+    warmup: int,
+    samples: int,
+    start: int = 0,
+    raw: bool = False,
 ) -> dict[str, Any]:
-    """Batch-1 requests over the texts in order after ``warmup`` untimed ones: the whole request
-    (tokenisation, runtime call, decoding to a label) and, when the runtime call is timed apart, its
-    parts. Per request the parts add up to the whole; their p50s need not."""
+    """Batch-1 requests over the texts in order from ``start`` (wrapping) after ``warmup`` untimed
+    ones: the whole request (tokenisation, runtime call, decoding to a label) and, when the runtime
+    call is timed apart, its parts. Per request the parts add up to the whole; their p50s need not.
+    ``raw`` adds every request's seconds (``seconds``, and ``part_seconds`` per part) so that several
+    calls' timings can be pooled."""
     n = len(texts)
-    for i in range(warmup):
+    for i in range(start, start + warmup):
         model.decode(model.predict([texts[i % n]], _pairs_at(pairs, i % n, i % n + 1)))
     if model.runtime is not None:
         model.runtime.take()
     totals: list[float] = []
     parts: dict[str, list[float]] = {name: [] for name in PARTS}
-    for i in range(samples):
+    for i in range(start, start + samples):
         j = i % n
         start = time.perf_counter()
         logits = model.predict([texts[j]], _pairs_at(pairs, j, j + 1))
@@ -201,6 +209,9 @@ def time_requests(
     summary: dict[str, Any] = latency_summary(totals)
     if model.runtime is not None:
         summary["parts"] = latency_parts(parts)
+    if raw:
+        summary["seconds"] = totals
+        summary["part_seconds"] = parts if model.runtime is not None else None
     return summary
 
 

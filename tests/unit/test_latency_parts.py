@@ -72,6 +72,24 @@ def test_warm_up_requests_are_not_counted_in_the_runtime_part(clock: FakeClock):
     assert summary["parts"]["runtime"]["mean"] == pytest.approx(2.0)
 
 
+def test_a_slice_starts_where_asked_wraps_and_can_hand_back_every_requests_time(clock: FakeClock):
+    seen: list[str] = []
+
+    def predict(texts: list[str], pairs: list[str] | None) -> np.ndarray:
+        seen.extend(texts)
+        clock.spend(0.001 * len(texts[0]))
+        return np.zeros((len(texts), 2), dtype=np.float32)
+
+    model = Model.plain(predict)
+    summary = time_requests(model, ["a", "bb", "ccc"], None, warmup=1, samples=3, start=2, raw=True)
+    assert seen == ["ccc", "ccc", "a", "bb"]  # the warm-up from the slice's start, then wrapping
+    assert summary["seconds"] == pytest.approx([0.003, 0.001, 0.002])
+    assert summary["part_seconds"] is None and summary["p50"] == pytest.approx(2.0)
+    timed = time_requests(fake_model(clock, 0.001, 0.002, 0.0), ["x", "y"], None, 0, 2, raw=True)
+    assert timed["part_seconds"]["runtime"] == pytest.approx([0.002, 0.002])
+    assert "seconds" not in time_requests(model, ["a"], None, warmup=0, samples=1)
+
+
 def test_a_plain_predict_function_is_timed_whole_and_still_decoded(clock: FakeClock):
     def predict(texts: list[str], pairs: list[str] | None) -> np.ndarray:
         clock.spend(0.003)
