@@ -158,3 +158,26 @@ def padded_lengths(lengths: np.ndarray, signatures: list[int]) -> np.ndarray:
 
 def floor_ms(macs: float, peak_macs_per_s: float) -> float:
     return 1000.0 * macs / peak_macs_per_s
+
+
+def best_of(passes: list[dict[str, Any]]) -> dict[str, Any]:
+    """One GEMM measurement from several passes of ``gemm_peaks`` at the same size and threads: each
+    library's best rate. A peak is what the CPU can do, and a shared machine only ever slows a pass
+    down (seen here: one library's int8 rate 383 and 901 GMAC/s in two runs an hour apart), so the
+    fastest pass is the estimate; every pass stays in ``passes``."""
+    if not passes:
+        raise ValueError("no GEMM passes")
+    if len({(p["size"], p["threads"]) for p in passes}) != 1:
+        raise ValueError("GEMM passes differ in size or threads")
+    rates = {name: max(p["macs_per_s"][name] for p in passes) for name in passes[0]["macs_per_s"]}
+    peak = {
+        precision: max(v for k, v in rates.items() if k.startswith(precision))
+        for precision in passes[0]["peak_macs_per_s"]
+    }
+    return {
+        "size": passes[0]["size"],
+        "threads": passes[0]["threads"],
+        "macs_per_s": rates,
+        "peak_macs_per_s": peak,
+        "passes": [{k: p[k] for k in ("macs_per_s", "peak_macs_per_s")} for p in passes],
+    }

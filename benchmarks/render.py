@@ -276,7 +276,18 @@ def markdown(results: dict[str, Any]) -> str:
         f"fp32 {peaks['fp32'] / 1e9:.0f} GMAC/s, "
         f"int8 {peaks['int8'] / 1e9:.0f} GMAC/s (best of "
         + ", ".join(f"{k} {v / 1e9:.0f}" for k, v in gemm["macs_per_s"].items())
-        + ").",
+        + ")"
+        + (
+            f"; each library's best of {len(gemm['passes'])} passes (before and after the rows: "
+            + "; ".join(
+                " / ".join(f"{p['peak_macs_per_s'][k] / 1e9:.0f}" for p in gemm["passes"]) + f" {k}"
+                for k in peaks
+            )
+            + ")"
+            if len(gemm.get("passes") or []) > 1
+            else ""
+        )
+        + ".",
         "",
         f"Versions: {versions}.",
     ]

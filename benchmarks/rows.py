@@ -77,6 +77,16 @@ def make_row(
     return row
 
 
+def refloor(row: dict[str, Any], was: dict[str, float], peaks: dict[str, float]) -> None:
+    """Move a row's floors from the peaks it was made with (``was``) to ``peaks`` (a floor is its
+    multiply-adds over the peak, so it scales by their ratio); its floor ratio follows its p50."""
+    scale = was[row["precision"]] / peaks[row["precision"]]
+    row["floor_ms"] *= scale
+    if row.get("floor_padded_ms") is not None:
+        row["floor_padded_ms"] *= scale
+    row["x_floor"] = row["p50_ms"] / row["floor_ms"]
+
+
 def is_reference(row: dict[str, Any]) -> bool:
     """The teacher's PyTorch fp32 row: what every interval of the accuracy kept is against."""
     return row["group"] == "teacher" and row["format"] == "torch"

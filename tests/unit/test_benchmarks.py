@@ -188,6 +188,10 @@ def test_results_are_written_as_json_markdown_and_plot(tmp_path: Path):
             "threads": 2,
             "macs_per_s": {"fp32 torch.matmul": 1e9, "int8 torch._int_mm": 2e9},
             "peak_macs_per_s": {"fp32": 1e9, "int8": 2e9},
+            "passes": [
+                {"peak_macs_per_s": {"fp32": 1e9, "int8": 1.5e9}},
+                {"peak_macs_per_s": {"fp32": 0.5e9, "int8": 2e9}},
+            ],
         },
         "tasks": {"mrpc": {}},
         "rows": table,
@@ -210,6 +214,7 @@ def test_results_are_written_as_json_markdown_and_plot(tmp_path: Path):
     assert "| 100 | 20% | 50% | 5% | 10% | 5% | 5% | 5% | 0% | DynamicQuantizeMatMul ×12 (40%) |" in text
     assert "| F1 |" in text and "quick harness check" in text
     assert "not strictly ahead of every peer row" in text and "(2.00 padded)" in text
+    assert "best of 2 passes (before and after the rows: 1 / 0 fp32; 2 / 2 int8)" in text
     assert (tmp_path / "out" / "plot.png").stat().st_size > 1000
     assert (tmp_path / "out" / "results.json").is_file()
 
@@ -644,3 +649,27 @@ def test_vocab_unseen_aliases_each_dropped_row_to_its_nearest_kept_row(tiny_bert
     assert torch.equal(weight[kept], before[kept])
     for dropped, row in aliases.items():
         assert row in kept and torch.equal(weight[dropped], before[row])
+
+
+def test_the_gemm_peak_is_each_librarys_best_pass_and_the_floors_follow_it():
+    from benchmarks.hardware import best_of
+    from benchmarks.rows import refloor
+
+    def gemm(fp32: float, int8: float) -> dict:
+        rates = {"fp32 torch.matmul": fp32, "int8 torch._int_mm": int8 / 2, "int8 onnxruntime": int8}
+        peaks = {"fp32": fp32, "int8": int8}
+        return {"size": 64, "threads": 1, "macs_per_s": rates, "peak_macs_per_s": peaks}
+
+    slow, fast = gemm(50e9, 400e9), gemm(40e9, 900e9)
+    best = best_of([slow, fast])
+    assert best["peak_macs_per_s"] == {"fp32": 50e9, "int8": 900e9}
+    assert best["macs_per_s"]["int8 torch._int_mm"] == 450e9
+    assert [p["peak_macs_per_s"]["int8"] for p in best["passes"]] == [400e9, 900e9]
+    with pytest.raises(ValueError, match="differ"):
+        best_of([slow, {**fast, "threads": 2}])
+
+    row = {"precision": "int8", "floor_ms": 0.4, "floor_padded_ms": 0.8, "p50_ms": 1.0, "x_floor": 2.5}
+    refloor(row, slow["peak_macs_per_s"], best["peak_macs_per_s"])
+    assert row["floor_ms"] == pytest.approx(0.4 * 400 / 900)
+    assert row["floor_padded_ms"] == pytest.approx(0.8 * 400 / 900)
+    assert row["x_floor"] == pytest.approx(1.0 / row["floor_ms"])
