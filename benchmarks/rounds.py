@@ -10,8 +10,9 @@ pooled; its p50 is the median of its rounds' p50s, with their min–max as the s
 alternate direction (forward, backward, forward, ...) so a drift in the machine's speed falls on
 early rows in one turn and late rows in the next.
 
-Why slices: on a shared 2-vCPU VM the machine slows down by ~1.6× for a few seconds at a time (a
-vCPU taken by the host). Rows measured minutes apart then catch different shares of slow seconds,
+Why slices: on a shared 2-vCPU VM the machine slows down by ~1.6× for a few seconds at a time
+(measured on the AMD EPYC host; the cause is outside the VM). Rows measured minutes apart then catch
+different shares of slow seconds,
 and their ratios move by 20-40% between runs; rows that take turns every second or two catch about
 the same share. Loading once per row keeps the extra wall time to the timing loops and a few
 untimed requests before each slice (``rewarm``), which refill the caches the other rows' turns

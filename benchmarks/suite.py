@@ -111,8 +111,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--threads",
         type=int,
         default=1,
-        help="threads of every model and of the GEMM peaks (default 1: on this shared 2-vCPU host, "
-        "2-thread p50 ratios moved by up to 34%% between two runs of one commit, 1-thread ones by 5%%)",
+        help="threads of every model and of the GEMM peaks (default 1; benchmarks/README.md says what "
+        "one and two threads did to rerun agreement on this host)",
     )
     p.add_argument("--batch-size", type=int, default=32, help="batch of the throughput pass")
     p.add_argument("--calibration-rows", type=int, default=128, help="training rows for static int8 (NC)")
