@@ -260,6 +260,19 @@ def commit_note(commit: dict[str, Any] | None) -> str:
     return f" at commit {commit['sha'][:7]}" + (", with uncommitted changes" if commit["dirty"] else "")
 
 
+def gemm_passes_note(gemm: dict[str, Any]) -> str:
+    """``; each library's best of 2 passes (before and after the rows: 442 / 358 int8; ...)``, or nothing
+    when the peaks come from one pass (results from before the suite measured twice)."""
+    passes = gemm.get("passes") or []
+    if len(passes) < 2:
+        return ""
+    per_library = "; ".join(
+        " / ".join(f"{p['peak_macs_per_s'][k] / 1e9:.0f}" for p in passes) + f" {k}"
+        for k in gemm["peak_macs_per_s"]
+    )
+    return f"; each library's best of {len(passes)} passes (before and after the rows: {per_library})"
+
+
 def markdown(results: dict[str, Any]) -> str:
     gemm = results["gemm"]
     peaks = gemm["peak_macs_per_s"]
@@ -277,16 +290,7 @@ def markdown(results: dict[str, Any]) -> str:
         f"int8 {peaks['int8'] / 1e9:.0f} GMAC/s (best of "
         + ", ".join(f"{k} {v / 1e9:.0f}" for k, v in gemm["macs_per_s"].items())
         + ")"
-        + (
-            f"; each library's best of {len(gemm['passes'])} passes (before and after the rows: "
-            + "; ".join(
-                " / ".join(f"{p['peak_macs_per_s'][k] / 1e9:.0f}" for p in gemm["passes"]) + f" {k}"
-                for k in peaks
-            )
-            + ")"
-            if len(gemm.get("passes") or []) > 1
-            else ""
-        )
+        + gemm_passes_note(gemm)
         + ".",
         "",
         f"Versions: {versions}.",

@@ -11,12 +11,13 @@ alternate direction (forward, backward, forward, ...) so a drift in the machine'
 early rows in one turn and late rows in the next.
 
 Why slices: on a shared 2-vCPU VM the machine slows down by ~1.6× for a few seconds at a time
-(measured on the AMD EPYC host; the cause is outside the VM). Rows measured minutes apart then catch
-different shares of slow seconds,
-and their ratios move by 20-40% between runs; rows that take turns every second or two catch about
-the same share. Loading once per row keeps the extra wall time to the timing loops and a few
-untimed requests before each slice (``rewarm``), which refill the caches the other rows' turns
-evicted.
+(measured on the AMD EPYC host: one process timing two models alone on the VM saw both slow down
+together; that the cause lies outside the VM is an inference, not a measurement). Rows measured
+minutes apart then catch different shares of slow seconds, and their ratios move by 20-40% between
+runs; rows that take turns every second or two catch about the same share. Slices do not help when a
+slow spell lasts the whole of a task's rounds (benchmarks/README.md). Loading once per row keeps the
+extra wall time to the timing loops and a few untimed requests before each slice (``rewarm``), which
+refill the caches the other rows' turns evicted.
 """
 
 from __future__ import annotations
