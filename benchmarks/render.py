@@ -133,13 +133,10 @@ def rounds_note(task_rows: list[dict[str, Any]]) -> list[str]:
         else f"each cut into {'/'.join(map(str, slices))} turns in which every row in turn times its "
         "share of the dev rows"
     )
-    groups = next((r["rounds"].get("groups") for r in task_rows if r.get("rounds")), None) or []
-    shared = f"; the turns shared by the rows of {' and '.join(groups)}" if len(groups) > 1 else ""
     return [
         "",
         f"p50 and p90: median over {'/'.join(map(str, counts))} interleaved rounds ({turns}, "
-        f"alternating direction; each row's model loaded once{shared}); "
-        "brackets: min–max of the rounds' p50.",
+        "alternating direction; each row's model loaded once); brackets: min–max of the rounds' p50.",
     ]
 
 

@@ -8,16 +8,14 @@ into ``slices``: slice by slice, every server in turn times its share of the dev
 take turns every second or two rather than every minute. A row's round is its slices' requests
 pooled; its p50 is the median of its rounds' p50s, with their min–max as the spread. The turns
 alternate direction (forward, backward, forward, ...) so a drift in the machine's speed falls on
-early rows in one turn and late rows in the next. The suite measures both tasks' rows in the same
-turns, so each task's rounds span the whole measurement (~7 minutes) rather than its own ~3.
+early rows in one turn and late rows in the next.
 
 Why slices: on a shared 2-vCPU VM the machine slows down by ~1.6× for a few seconds at a time
 (measured on the AMD EPYC host: one process timing two models alone on the VM saw both slow down
 together; that the cause lies outside the VM is an inference, not a measurement). Rows measured
 minutes apart then catch different shares of slow seconds, and their ratios move by 20-40% between
-runs; rows that take turns every second or two catch about the same share. Slices alone did not help
-when a slow spell lasted the whole of a task's rounds (benchmarks/README.md): hence both tasks in the
-same turns. Loading once per row keeps the
+runs; rows that take turns every second or two catch about the same share. Slices do not help when a
+slow spell lasts the whole of a task's rounds (benchmarks/README.md). Loading once per row keeps the
 extra wall time to the timing loops and a few untimed requests before each slice (``rewarm``), which
 refill the caches the other rows' turns evicted.
 """
@@ -33,7 +31,6 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
@@ -99,28 +96,21 @@ def interleave(
     servers: Sequence[Server],
     rounds: int,
     warmup: int,
-    samples: int | Sequence[int],
+    samples: int,
     slices: int = 1,
     rewarm: int = 2,
 ) -> tuple[list[list[dict[str, Any]]], list[list[int]]]:
     """Every server's latency summary per round (``[server][round]``) and the order of every turn
-    (``rounds × slices`` of them). Each turn asks every server for one slice of its requests
-    (``samples``: one count for all servers, or one per server, e.g. two tasks' dev sets); every
-    server's requests are cut into the same number of slices. A server's first slice is preceded by
-    ``warmup`` untimed requests, every later one by ``rewarm``."""
-    counts = [samples] * len(servers) if isinstance(samples, int) else list(samples)
-    if len(counts) != len(servers):
-        raise ValueError(f"{len(counts)} sample counts for {len(servers)} servers")
-    used = sliced(counts, slices)
-    bounds = [slice_bounds(count, used) for count in counts]
+    (``rounds × slices`` of them). Each turn asks every server for one slice of the requests; a
+    server's first slice is preceded by ``warmup`` untimed requests, every later one by ``rewarm``."""
     results: list[list[dict[str, Any]]] = [[] for _ in servers]
     orders, turn = [], 0
+    bounds = slice_bounds(samples, slices)
     for _ in range(rounds):
         pieces: list[list[dict[str, Any]]] = [[] for _ in servers]
-        for index in range(used):
+        for start, count in bounds:
             order = round_order(len(servers), turn)
             for position in order:
-                start, count = bounds[position][index]
                 before = warmup if turn == 0 else rewarm
                 pieces[position].append(servers[position].latency(before, count, start))
             orders.append(order)
@@ -128,12 +118,6 @@ def interleave(
         for position, piece in enumerate(pieces):
             results[position].append(pool(piece))
     return results, orders
-
-
-def sliced(counts: Sequence[int], slices: int) -> int:
-    """How many slices every server's requests are cut into: ``slices``, but never more than the
-    smallest count of requests, and at least one."""
-    return max(1, min(slices, *counts)) if counts else 1
 
 
 def apply(row: dict[str, Any], summary: dict[str, Any]) -> None:
@@ -219,43 +203,29 @@ def process_servers(requests: list[dict[str, Any]]) -> Iterator[list[ProcessServ
         yield servers
 
 
-@dataclass(frozen=True)
-class Group:
-    """Rows timed on the same requests: one task's rows, its dev texts (and pairs) and how many of them
-    each round times."""
-
-    name: str
-    rows: list[dict[str, Any]]
-    texts: list[str]
-    pairs: list[str] | None
-    samples: int
-
-
 def measure_rounds(
-    groups: list[Group],
+    task_rows: list[dict[str, Any]],
+    texts: list[str],
+    pairs: list[str] | None,
     rounds: int,
     warmup: int,
+    samples: int,
     start: Callable[[list[dict[str, Any]]], Any] = process_servers,
     slices: int = 1,
 ) -> list[list[int]]:
-    """Measure every row of every group in ``rounds`` interleaved rounds of ``slices`` turns each and
-    make the median of its rounds its p50.
+    """Measure every row's latency in ``rounds`` interleaved rounds of ``slices`` turns each and make
+    the median of its rounds its p50.
 
-    All groups' rows take the same turns: with both tasks in one measurement, every row's rounds span
-    both tasks' time on the machine, so a slow spell of a few minutes falls on both tasks' rows alike
-    rather than on one task's only. ``start(requests)`` is a context manager yielding one server per
-    request (process servers by default). Each row records its ``turn`` (0-based place) in every turn,
-    the slices per round and the ``groups`` whose rows shared its turns; returns every turn's order of
-    row positions."""
-    every = [(group, row) for group in groups for row in group.rows]
-    requests = [server_request(row, group.texts, group.pairs) for group, row in every]
-    counts = [group.samples for group, _ in every]
+    ``start(requests)`` is a context manager yielding one server per request (process servers by
+    default). Each row records its ``turn`` (0-based place) in every turn, and the slices per round;
+    returns every turn's order of row positions."""
+    requests = [server_request(row, texts, pairs) for row in task_rows]
     with start(requests) as servers:
-        results, orders = interleave(servers, rounds, warmup, counts, slices)
-    names = [group.name for group in groups]
-    for position, ((_, row), per_round) in enumerate(zip(every, results, strict=True)):
+        results, orders = interleave(servers, rounds, warmup, samples, slices)
+    used = len(slice_bounds(samples, slices))
+    for position, (row, per_round) in enumerate(zip(task_rows, results, strict=True)):
         turns = [order.index(position) for order in orders]
-        apply(row, {**aggregate(per_round), "slices": sliced(counts, slices), "turn": turns, "groups": names})
+        apply(row, {**aggregate(per_round), "slices": used, "turn": turns})
     return orders
 
 

@@ -10,9 +10,8 @@ benchmarks/recipes/. Every row is measured by compress.evaluate (the torch.compi
 that reuses its measurement loop) with the same settings, and every row keeps the label it predicts
 for each dev row, so its accuracy is given with a paired bootstrap interval against the teacher's
 PyTorch fp32 row on the same rows. Latency is then measured again in interleaved rounds (every row's
-model loaded once; each round cut into short turns in which every row of every task in turn times a
-slice of its task's dev rows; ``benchmarks/rounds.py``), and a row's p50 is the median of its rounds
-with their spread.
+model loaded once; each round cut into short turns in which every row in turn times a slice of the
+dev rows; ``benchmarks/rounds.py``), and a row's p50 is the median of its rounds with their spread.
 See benchmarks/README.md.
 """
 
@@ -98,8 +97,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--rounds",
         type=rows.positive_int,
         default=3,
-        help="interleaved latency rounds over every task's rows (each row in turn); a row's p50 is their "
-        "median",
+        help="interleaved latency rounds per task (each row in turn); a row's p50 is their median",
     )
     p.add_argument(
         "--slices",
@@ -335,9 +333,8 @@ def recipe_rows(
 
 def measure_task(
     task: Task, args: argparse.Namespace, peaks: dict[str, float]
-) -> tuple[list[dict], list[dict], Any]:
-    """The task's rows (each with its interval vs the teacher and its evaluation's single latency pass),
-    its recipe runs and its dev split; latency in rounds comes after every task's rows exist."""
+) -> tuple[list[dict], list[dict], list[int]]:
+    """The task's rows (each with its interval vs the teacher), its recipe runs and its dev gold labels."""
     from compress.data import load_file
     from compress.evaluate import Settings
     from compress.subjects import subject_at
@@ -370,26 +367,25 @@ def measure_task(
         compress_found, runs = recipe_rows(task, fit_path, held_path, dev, peaks, work, args)
         found += compress_found
     rows.add_intervals(found, dev.labels, args.bootstrap_resamples)
-    return found, runs, dev
-
-
-def measure_latency(measured: list[tuple[Task, list[dict[str, Any]], Any]], args: argparse.Namespace) -> None:
-    """Every task's rows in one set of interleaved rounds (both tasks' rows take the same turns), then
-    each task's ONNX rows profiled by op type."""
-    groups = [
-        rounds.Group(task.name, found, dev.texts, dev.pairs, args.latency_samples or len(dev))
-        for task, found, dev in measured
-    ]
     log.info(
-        "%d interleaved latency rounds of %d turns over %s",
+        "%s: %d interleaved latency rounds of %d turns over %d rows",
+        task.name,
         args.rounds,
         args.slices,
-        " and ".join(f"{len(g.rows)} {g.name} rows" for g in groups),
+        len(found),
     )
-    rounds.measure_rounds(groups, args.rounds, args.warmup, slices=args.slices)
-    for group in groups:
-        log.info("%s: profiling the ONNX rows' runtime calls by op type", group.name)
-        op_profile.profile_rows(group.rows, group.texts, group.pairs, args.warmup, group.samples)
+    rounds.measure_rounds(
+        found,
+        dev.texts,
+        dev.pairs,
+        args.rounds,
+        args.warmup,
+        args.latency_samples or len(dev),
+        slices=args.slices,
+    )
+    log.info("%s: profiling the ONNX rows' runtime calls by op type", task.name)
+    op_profile.profile_rows(found, dev.texts, dev.pairs, args.warmup, args.latency_samples or len(dev))
+    return found, runs, dev.labels
 
 
 def cpu_seconds() -> float:
@@ -448,14 +444,11 @@ def main(argv: list[str] | None = None) -> int:
     tasks = tasks_from(args)
     log.info("measuring the GEMM peaks at %d threads", args.threads)
     gemm = hardware.gemm_peaks(args.threads)
-    all_rows, all_runs, gold, measured = [], [], {}, []
+    all_rows, all_runs, gold = [], [], {}
     for task in tasks:
-        found, runs, dev = measure_task(task, args, gemm["peak_macs_per_s"])
-        measured.append((task, found, dev))
-        gold[task.name] = dev.labels
+        found, runs, gold[task.name] = measure_task(task, args, gemm["peak_macs_per_s"])
         all_rows += found
         all_runs += runs
-    measure_latency(measured, args)
     log.info("measuring the GEMM peaks again; the floors use each library's best pass")
     first, gemm = gemm, hardware.best_of([gemm, hardware.gemm_peaks(args.threads)])
     for row in all_rows:
@@ -482,7 +475,6 @@ def main(argv: list[str] | None = None) -> int:
             "latency_samples": args.latency_samples or "every dev row",
             "latency_rounds": args.rounds,
             "latency_slices": args.slices,
-            "latency_turns_shared_by": [t.name for t in tasks],
             "warmup": args.warmup,
             "threads": args.threads,
             "throughput_batch": args.batch_size,

@@ -148,7 +148,7 @@ def test_measure_rounds_replaces_the_single_pass_p50_and_keeps_the_evaluation_en
         yield [made[r["model"]] for r in requests]
 
     table = [_row("a", 10.0), _row("b", 5.0, fmt="torch", label="teacher")]
-    orders = rounds.measure_rounds([rounds.Group("sst2", table, ["x", "y"], None, 7)], 3, 2, start=start)
+    orders = rounds.measure_rounds(table, ["x", "y"], None, 3, 2, 7, start=start)
     assert orders == [[0, 1], [1, 0], [0, 1]]
     assert [r["kind"] for r in asked] == ["artifact", "torch"] and asked[0]["texts"] == ["x", "y"]
     a, b = table
@@ -158,48 +158,6 @@ def test_measure_rounds_replaces_the_single_pass_p50_and_keeps_the_evaluation_en
     assert a["rounds"]["turn"] == [0, 1, 0] and b["rounds"]["turn"] == [1, 0, 1]
     assert a["rounds"]["parts_ms"] == pytest.approx({"tokenize": 0.3, "runtime": 2.4, "postprocess": 0.03})
     assert b["rounds"]["parts_ms"] is None and b["p50_ms"] == 1.0
-    assert a["rounds"]["groups"] == ["sst2"]
-
-
-def test_two_tasks_rows_take_the_same_turns_each_timing_slices_of_its_own_dev_rows():
-    log: list[tuple] = []
-    made = {
-        "/models/s": SliceServer("s", 1.0, log),
-        "/models/m1": SliceServer("m1", 2.0, log),
-        "/models/m2": SliceServer("m2", 4.0, log),
-    }
-    asked: list[dict] = []
-
-    @contextmanager
-    def start(requests: list[dict]):
-        asked.extend(requests)
-        yield [made[r["model"]] for r in requests]
-
-    sst2, mrpc = [_row("s", 9.0)], [_row("m1", 9.0), _row("m2", 9.0)]
-    groups = [
-        rounds.Group("sst2", sst2, ["a", "b", "c", "d", "e", "f"], None, 6),
-        rounds.Group("mrpc", mrpc, ["p", "q", "r"], ["P", "Q", "R"], 3),
-    ]
-    orders = rounds.measure_rounds(groups, 2, 5, start=start, slices=4)
-    # three slices each (MRPC has only three requests), both tasks' rows in every turn
-    assert orders == [[0, 1, 2], [2, 1, 0]] * 3
-    assert [r["texts"] for r in asked] == [["a", "b", "c", "d", "e", "f"], ["p", "q", "r"], ["p", "q", "r"]]
-    assert asked[1]["pairs"] == ["P", "Q", "R"] and asked[0]["pairs"] is None
-    assert log[:3] == [("s", 5, 0, 2), ("m1", 5, 0, 1), ("m2", 5, 0, 1)]
-    assert [entry[2:] for entry in log if entry[0] == "s"][:3] == [(0, 2), (2, 2), (4, 2)]
-    for row, server, count in [(sst2[0], made["/models/s"], 6), (mrpc[1], made["/models/m2"], 3)]:
-        whole = latency_summary([server.scale * (i + 1) / 1000 for i in range(count)])
-        assert row["p50_ms"] == pytest.approx(whole["p50"])
-        assert row["rounds"]["slices"] == 3 and row["rounds"]["groups"] == ["sst2", "mrpc"]
-    assert mrpc[1]["rounds"]["turn"] == [2, 0] * 3
-    note = render.rounds_note(sst2)[1]
-    assert "the turns shared by the rows of sst2 and mrpc" in note
-
-
-def test_interleave_needs_one_sample_count_per_server():
-    servers = [SliceServer("a", 1.0, []), SliceServer("b", 1.0, [])]
-    with pytest.raises(ValueError, match="1 sample counts for 2 servers"):
-        rounds.interleave(servers, rounds=1, warmup=0, samples=[3])
 
 
 def test_results_md_shows_the_spread_of_the_rounds_and_where_the_time_goes():
@@ -243,11 +201,7 @@ def test_server_processes_time_a_real_model_in_rounds(tiny_bert_dir: Path):
     for row in table:
         row["entry"].update(path=str(tiny_bert_dir), max_length=32)
     texts = ["a short sentence", "another one, a little longer than the first"]
-    groups = [
-        rounds.Group("single", table[:1], texts, None, 3),
-        rounds.Group("pairs", table[1:], texts, ["and its pair", "a second pair"], 3),
-    ]
-    rounds.measure_rounds(groups, rounds=2, warmup=1, slices=2)
+    rounds.measure_rounds(table, texts, None, rounds=2, warmup=1, samples=3, slices=2)
     for row in table:
         summary = row["rounds"]
         assert summary["rounds"] == 2 and [r["samples"] for r in summary["per_round"]] == [3, 3]
