@@ -3,7 +3,9 @@
 Each argument is a results folder (or results.json) that ``benchmarks/suite.py`` wrote for one seed
 of the same recipe, e.g. ``--only compress --set seed=1``; a seed may also come as one folder per task
 (two single-task runs), but never two folders of one seed and task. The teacher's accuracy comes from a folder
-that measured the peers (a full run); the compress rows are matched by task and row name. Nothing
+that measured the peers (a full run): one of the seeds, or ``--teacher FOLDER``, a full run of another
+recipe (only its teacher rows are read, so its own compress rows are no seed here); the compress rows are
+matched by task and row name. Nothing
 here measures anything: it reads the suite's own numbers and writes ``seeds.md``, ``seeds.json`` and
 ``seeds.png``.
 
@@ -129,7 +131,11 @@ def runs_by_seed(runs: list[dict[str, Any]], task: str) -> dict[int, dict[str, A
     return found
 
 
-def aggregate(runs: list[dict[str, Any]], resamples: int = RESAMPLES) -> dict[str, Any]:
+def aggregate(
+    runs: list[dict[str, Any]], resamples: int = RESAMPLES, teacher_run: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """``teacher_run``: results whose teacher rows are the reference (default: the teacher rows among
+    ``runs``)."""
     seeds = sorted({seed_of(r) for r in runs})
     tasks: dict[str, Any] = {}
     for task in sorted(set().union(*(tasks_of(r) for r in runs))):
@@ -140,7 +146,7 @@ def aggregate(runs: list[dict[str, Any]], resamples: int = RESAMPLES) -> dict[st
                 f"no run of seed {missing[0]} measured {task}: pass its results folder too, or drop the seed"
             )
         task_runs = [by_seed[s] for s in seeds]
-        reference = teacher_row(runs, task)
+        reference = teacher_row([teacher_run] if teacher_run is not None else runs, task)
         teacher = float(reference[0]["accuracy"])
         names = [
             row["row"] for row in task_runs[0]["rows"] if row["task"] == task and row["group"] == "compress"
@@ -168,7 +174,8 @@ def aggregate(runs: list[dict[str, Any]], resamples: int = RESAMPLES) -> dict[st
                 }
             )
         tasks[task] = {"teacher_accuracy": teacher, "rows": rows}
-    return {"seeds": seeds, "files": [r["_file"] for r in runs], "tasks": tasks}
+    files = [r["_file"] for r in runs]
+    return {"seeds": seeds, "files": files, "teacher": (teacher_run or {}).get("_file"), "tasks": tasks}
 
 
 def _share(interval: dict[str, Any]) -> str:
@@ -222,7 +229,8 @@ def markdown(summary: dict[str, Any]) -> str:
     out = [
         "# Seeds of the headline recipe",
         "",
-        f"Seeds {', '.join(map(str, seeds))}; one suite run each ({', '.join(summary['files'])}).",
+        f"Seeds {', '.join(map(str, seeds))}; one suite run each ({', '.join(summary['files'])})."
+        + (f" Teacher rows from {summary['teacher']}." if summary.get("teacher") else ""),
         "Spread is the sample standard deviation over seeds; dev accuracy, measured once per seed.",
         "",
     ]
@@ -279,10 +287,16 @@ def main() -> None:
     parser.add_argument("runs", nargs="+", type=Path, help="suite results folders, one per seed")
     parser.add_argument("--out", type=Path, required=True, help="folder for seeds.md/.json/.png")
     parser.add_argument(
+        "--teacher",
+        type=Path,
+        help="a full suite run whose teacher rows are the reference (when no seed's run measured the peers)",
+    )
+    parser.add_argument(
         "--bootstrap-resamples", type=positive_int, default=RESAMPLES, help="resamples of each interval"
     )
     args = parser.parse_args()
-    summary = aggregate([load(p) for p in args.runs], args.bootstrap_resamples)
+    teacher = load(args.teacher) if args.teacher else None
+    summary = aggregate([load(p) for p in args.runs], args.bootstrap_resamples, teacher)
     args.out.mkdir(parents=True, exist_ok=True)
     plot(summary, args.out / "seeds.png")
     write_text_atomic(args.out / "seeds.md", markdown(summary))

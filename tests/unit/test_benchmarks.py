@@ -501,6 +501,25 @@ def test_seeds_refuse_repeated_seeds_and_a_missing_teacher(tmp_path):
         seeds.aggregate([seeds.load(_seed_run(tmp_path, 3, 0.8, with_teacher=False))])
 
 
+def test_seeds_take_the_teacher_from_a_run_of_another_recipe_without_counting_its_seed(tmp_path):
+    (tmp_path / "other").mkdir()
+    # a full run of another recipe: its teacher is the reference, its own seed-0 compress row is ignored
+    other = seeds.load(_seed_run(tmp_path / "other", None, 0.70, with_teacher=True, right=30))
+    other["rows"][0]["row"] = "y · ONNX Runtime int8"
+    runs = [seeds.load(_seed_run(tmp_path, s, 0.80, with_teacher=False, right=34)) for s in (None, 1, 2)]
+    with pytest.raises(SystemExit, match="no run measured the sst2 teacher"):
+        seeds.aggregate(runs)
+    summary = seeds.aggregate(runs, resamples=50, teacher_run=other)
+    assert summary["seeds"] == [0, 1, 2] and summary["teacher"] == other["_file"]
+    [row] = summary["tasks"]["sst2"]["rows"]
+    assert row["row"] == "x · ONNX Runtime int8" and row["accuracy"] == {"0": 0.8, "1": 0.8, "2": 0.8}
+    assert row["accuracy_vs_teacher"]["pooled"]["ratio"]["estimate"] == pytest.approx(34 / 36)
+    assert f"Teacher rows from {other['_file']}." in seeds.markdown(summary)
+    # a seed run together with the teacher's run still counts once: its own rows, the other's teacher
+    with pytest.raises(SystemExit, match="two runs share seed 0 for sst2"):
+        seeds.aggregate([*runs, seeds.load(_seed_run(tmp_path / "other", 0, 0.7, with_teacher=False))])
+
+
 def test_results_carry_paths_relative_to_the_repository_and_shared():
     shared = Path(os.path.normpath(suite.REPO / ".." / "shared"))
     results = {
