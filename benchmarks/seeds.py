@@ -32,13 +32,17 @@ if not __package__:  # run as ``python benchmarks/seeds.py``: make the repositor
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.rows import is_reference, positive_int
+from compress.errors import CompressError
 from compress.io import read_json, write_json_atomic, write_text_atomic
 from compress.metrics import RESAMPLES, paired_accuracy_interval, pooled_accuracy_interval
 
 
 def load(path: Path) -> dict[str, Any]:
     file = path / "results.json" if path.is_dir() else path
-    results = read_json(file)
+    try:
+        results = read_json(file)
+    except CompressError as exc:  # missing or unreadable: its one-line message, no traceback
+        raise SystemExit(f"error: {exc}") from None
     if not isinstance(results, dict) or "rows" not in results:
         raise SystemExit(
             f"{file}: not a suite results.json (no 'rows'); pass a benchmarks/suite.py --out folder"

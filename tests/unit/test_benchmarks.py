@@ -499,6 +499,8 @@ def test_seeds_refuse_repeated_seeds_and_a_missing_teacher(tmp_path):
         seeds.aggregate(twice)
     with pytest.raises(SystemExit, match="no run measured the sst2 teacher"):
         seeds.aggregate([seeds.load(_seed_run(tmp_path, 3, 0.8, with_teacher=False))])
+    with pytest.raises(SystemExit, match=r"^error: .*missing: not found; check the path$"):
+        seeds.load(tmp_path / "missing")
 
 
 def test_seeds_take_the_teacher_from_a_run_of_another_recipe_without_counting_its_seed(tmp_path):
