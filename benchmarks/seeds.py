@@ -5,9 +5,8 @@ of the same recipe, e.g. ``--only compress --set seed=1``; a seed may also come 
 (two single-task runs), but never two folders of one seed and task. The teacher's accuracy comes from a folder
 that measured the peers (a full run): one of the seeds, or ``--teacher FOLDER``, a full run of another
 recipe (only its teacher rows are read, so its own compress rows are no seed here); the compress rows are
-matched by task and row name. Nothing
-here measures anything: it reads the suite's own numbers and writes ``seeds.md``, ``seeds.json`` and
-``seeds.png``.
+matched by task and row name. Nothing here measures anything: it reads the suite's own numbers and writes
+``seeds.md``, ``seeds.json`` and ``seeds.png``.
 
 From the per-row predictions each results.json keeps, every row gets the paired bootstrap interval
 of its accuracy against that teacher row, per seed, and pooled over the seeds: each resample draws

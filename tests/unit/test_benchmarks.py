@@ -517,7 +517,7 @@ def test_seeds_take_the_teacher_from_a_run_of_another_recipe_without_counting_it
     assert row["row"] == "x · ONNX Runtime int8" and row["accuracy"] == {"0": 0.8, "1": 0.8, "2": 0.8}
     assert row["accuracy_vs_teacher"]["pooled"]["ratio"]["estimate"] == pytest.approx(34 / 36)
     assert f"Teacher rows from {other['_file']}." in seeds.markdown(summary)
-    # a seed run together with the teacher's run still counts once: its own rows, the other's teacher
+    # the teacher's run is no seed, but two runs of one seed among the seeds are still refused
     with pytest.raises(SystemExit, match="two runs share seed 0 for sst2"):
         seeds.aggregate([*runs, seeds.load(_seed_run(tmp_path / "other", 0, 0.7, with_teacher=False))])
 
