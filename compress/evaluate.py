@@ -193,6 +193,7 @@ def evaluate_subject(
             "system": run["system"],
             "runtime": run["runtime"],
             "threads": run["threads"],
+            "scored_batch_size": run["scored_batch_size"],
         },
         "metrics": metrics,
     }
@@ -238,7 +239,12 @@ def evaluate_fallback(
         "scheme": fallback.scheme,
         "bytes": (subject.path / fallback.path).stat().st_size,
         "sha256": run["model_sha256"],
-        "measured": {"where": "host", "runtime": run["runtime"], "threads": run["threads"]},
+        "measured": {
+            "where": "host",
+            "runtime": run["runtime"],
+            "threads": run["threads"],
+            "scored_batch_size": run["scored_batch_size"],
+        },
         "metrics": measured_metrics(logits, run, split, reference, settings),
         "predictions": predicted_ids(logits),
     }

@@ -12,9 +12,10 @@ Schema ``compress.report/1`` (top-level keys of report.json):
   ``artifacts``: entries for every exported/quantized file. An entry is {name, role, path, format
   (torch|onnx|tflite), target, precision, bytes (weights the runtime loads), total_bytes (whole folder),
   sha256 (of the model file), parameters, max_length, measured {where: host, machine, system, runtime,
-  threads}, metrics {accuracy, macro_f1, f1 (two labels: positive class = id 1), per_class {label:
-  {support, predicted, correct}}, agreement, mean_kl, max_abs_logit_diff (vs the teacher),
-  latency_ms {p50, p90, p99, mean, samples, warmup, threads, padded_to}, throughput {batch_size,
+  threads, scored_batch_size (1: the quality metrics come from one request per row, as a device
+  serves them; added within version 1)}, metrics {accuracy, macro_f1, f1 (two labels: positive class =
+  id 1), per_class {label: {support, predicted, correct}}, agreement, mean_kl, max_abs_logit_diff (vs
+  the teacher), latency_ms {p50, p90, p99, mean, samples, warmup, threads, padded_to}, throughput {batch_size,
   items_per_s, runtime_batch}, peak_rss_bytes, rss_before_load_bytes, accuracy_vs_teacher {method,
   confidence, resamples, seed, rows, diff_points, ratio}}, predictions (the label id predicted for every
   row, in row order), fallbacks (a TFLite artifact's fallback models, each measured on the host:

@@ -56,11 +56,13 @@ def _model_sha(folder: Path, manifest: dict[str, Any]) -> str:
 def predict_logits(
     artifact_dir: Path, texts: list[str], pairs: list[str] | None, threads: int = 2
 ) -> np.ndarray:
-    """Logits of an artifact folder through ``compress.runtime.runner`` (what evaluate and the board run)."""
+    """Logits of an artifact folder through ``compress.runtime.runner`` (what evaluate and the board run),
+    one request per row as a device serves them: in a padded batch, dynamic int8's per-tensor
+    activation scale would let a row's batch-mates change its label."""
     from compress.runtime.runner import load
 
     runner = load(artifact_dir, threads=threads)
-    return runner.predict_logits(texts, pairs, batch_size=32)
+    return runner.predict_logits(texts, pairs, batch_size=1)
 
 
 def agreement(float_logits: np.ndarray, int8_logits: np.ndarray, labels: list[int] | None) -> dict[str, Any]:

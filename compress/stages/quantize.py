@@ -281,7 +281,7 @@ def measure(
     if model is None:
         got = predict_logits(int8_dir, texts, pairs)
     else:
-        got = load(int8_dir, threads=2, model=model).predict_logits(texts, pairs, batch_size=32)
+        got = load(int8_dir, threads=2, model=model).predict_logits(texts, pairs, batch_size=1)
     measured = agreement(predict_logits(float_dir, texts, pairs), got, labels)
     measured["relative_loss"] = relative_loss(measured, metric if labels is not None else "agreement")
     return measured

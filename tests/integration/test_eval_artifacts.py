@@ -192,6 +192,36 @@ def test_eval_reproduces_onnxruntime_numbers(onnx_artifact, tiny_bert_dir, revie
     check_against_direct(onnx_artifact, tiny_bert_dir, reviews["test"], "onnxruntime")
 
 
+def test_eval_scores_a_dynamic_int8_model_one_row_at_a_time_as_a_device_runs_it(
+    onnx_artifact, tiny_bert_dir, reviews, tmp_path
+):
+    """ORT's dynamic int8 takes one activation scale per tensor: in a padded batch a row's logits
+    depend on its batch-mates, so the report's numbers must be the row-at-a-time ones."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    folder = tmp_path / "int8"
+    folder.mkdir()
+    quantize_dynamic(onnx_artifact / "model.onnx", folder / "model.onnx", weight_type=QuantType.QInt8)
+    _finish(folder, tiny_bert_dir, "onnx")
+    from compress.runtime.runner import load
+
+    check_against_direct(folder, tiny_bert_dir, reviews["test"], "onnxruntime")
+    result = run_eval(
+        str(folder), "--data", str(reviews["test"]), "--text", "sentence", "--teacher", str(tiny_bert_dir)
+    )
+    entry = result["artifacts"][0]
+    assert entry["measured"]["scored_batch_size"] == 1
+    split = load_file(reviews["test"], text="sentence", label="label", label_names=["l0", "l1"])
+    ref = teacher_logits(tiny_bert_dir, split.texts)
+    row_by_row = direct_logits(folder, split.texts)
+    batched = load(folder, threads=1).predict_logits(split.texts, batch_size=len(split.texts))
+    one_batch_diff = float(np.abs(batched - ref).max())
+    assert abs(one_batch_diff - float(np.abs(row_by_row - ref).max())) > 1e-6  # the batch does matter here
+    assert entry["metrics"]["max_abs_logit_diff"] == pytest.approx(
+        float(np.abs(row_by_row - ref).max()), abs=1e-7
+    )
+
+
 @pytest.mark.slow
 def test_eval_reproduces_litert_numbers(tflite_artifact, tiny_bert_dir, reviews):
     check_against_direct(tflite_artifact, tiny_bert_dir, reviews["test"], "ai_edge_litert")

@@ -146,3 +146,27 @@ def test_the_report_shows_where_each_artifacts_time_goes():
 
 def test_a_report_from_before_the_parts_were_timed_has_no_breakdown_section():
     assert "Where the time goes" not in markdown(_report(None))
+
+
+def test_quality_logits_come_from_one_request_per_row_and_the_batch_only_times_throughput(clock: FakeClock):
+    """A dynamic-int8-like model: each row's logits depend on its batch-mates (one scale per batch).
+    The logits scored are the ones a device gets, a row at a time; the batched pass sets throughput."""
+    calls: list[int] = []
+
+    def predict(texts: list[str], pairs: list[str] | None) -> np.ndarray:
+        calls.append(len(texts))
+        clock.spend(0.001)
+        lengths = np.array([len(t) for t in texts], dtype=np.float32)
+        scaled = lengths / lengths.max()  # the batch's largest row sets the scale
+        return np.stack([scaled, 1 - scaled], axis=1)
+
+    texts = ["aa", "b", "cccc"]
+    request = {"texts": texts, "pairs": None, "warmup": 0, "latency_samples": 1, "batch_size": 3}
+    logits, stats = measure(predict, request)
+    assert logits[:, 0] == pytest.approx([1.0, 1.0, 1.0])  # alone, every row is its own maximum
+    assert calls == [1, 1, 1, 1, 3]  # one timed request, three scored rows, one batch of three
+    assert stats["scored_batch_size"] == 1
+    assert stats["throughput"] == {"batch_size": 3, "items_per_s": pytest.approx(3 / 0.001)}
+    calls.clear()
+    measure(predict, {**request, "batch_size": 1})
+    assert calls == [1, 1, 1, 1]  # at batch 1 the scoring pass is the throughput measurement

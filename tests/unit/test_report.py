@@ -236,6 +236,7 @@ def test_evaluation_keeps_each_rows_prediction_and_the_interval_against_the_teac
             "system": "Linux",
             "runtime": "fake",
             "threads": threads,
+            "scored_batch_size": 1,
             "parameters": 3,
         }
         return logits, run
