@@ -227,3 +227,19 @@ def test_classification_metrics_kl_is_the_divergence_from_the_reference():
     q = torch.softmax(further, -1)
     assert far["kl"] == pytest.approx(float((p * (p.log() - q.log())).sum(-1).mean()), rel=1e-5)
     assert "kl" not in training.classification_metrics(reference, [0, 1, 0])
+
+
+def test_the_schedule_warms_up_linearly_then_decays_to_zero_and_the_optimiser_is_fused():
+    model = torch.nn.Linear(3, 1)
+    optimizer, schedule = optimizer_and_schedule(
+        model, lr=1.0, weight_decay=0.1, warmup_ratio=0.2, total_steps=10
+    )
+    assert optimizer.defaults["fused"] is True
+    assert [g["weight_decay"] for g in optimizer.param_groups] == [0.1, 0.0]  # the bias is not decayed
+    rates = []
+    for _ in range(10):
+        rates.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        schedule.step()
+    assert rates == pytest.approx([0.0, 0.5, 1.0, 0.875, 0.75, 0.625, 0.5, 0.375, 0.25, 0.125])
+    assert optimizer.param_groups[0]["lr"] == 0.0
