@@ -76,11 +76,20 @@ def real_lengths(attention_mask: torch.Tensor) -> torch.Tensor:
 def compute_outputs(
     teacher: Any, data: Encoded, hidden_layers: list[int], attention_layers: list[int], batch_size: int
 ) -> dict[str, torch.Tensor]:
+    """The teacher's outputs for every row, in row order. The rows run longest first, so that a batch
+    holds rows of nearly one length and is trimmed to it: a batch of rows in data order pads each to
+    the longest of them, which on SST-2's short sentences more than doubles the tokens computed."""
     teacher.eval()
     if attention_layers:
         teacher.set_attn_implementation("eager")
-    loader = torch.utils.data.DataLoader(data, batch_size=batch_size, shuffle=False)
-    logits, hidden, attn = [], {k: [] for k in hidden_layers}, {k: [] for k in attention_layers}
+    lengths = real_lengths(data.attention_mask)
+    order = torch.argsort(lengths, descending=True, stable=True)
+    loader = torch.utils.data.DataLoader(
+        torch.utils.data.Subset(data, order.tolist()), batch_size=batch_size, shuffle=False
+    )
+    logits: list[torch.Tensor] = []
+    hidden: dict[int, list[torch.Tensor]] = {k: [] for k in hidden_layers}
+    attn: dict[int, list[torch.Tensor]] = {k: [] for k in attention_layers}
     # a bar fed len() and update(), not the loader: tqdm(loader) draws from torch's global generator
     # (an extra DataLoader iterator), which would change the seeded training that follows
     bar = progress(total=len(loader), desc="teacher outputs", leave=False)
@@ -100,9 +109,14 @@ def compute_outputs(
                     out.attentions[k - 1][row, :, :n, :n].reshape(out.attentions[k - 1].shape[1], -1).half()
                 )
     bar.close()
-    tensors = {"logits": torch.cat(logits), "lengths": real_lengths(data.attention_mask)}
-    tensors.update({f"hidden.{k}": torch.cat(v) for k, v in hidden.items()})
-    tensors.update({f"attentions.{k}": torch.cat(v, dim=1) for k, v in attn.items()})
+    place = torch.argsort(order)  # where each row (in data order) ran
+
+    def in_row_order(rows: list[torch.Tensor]) -> list[torch.Tensor]:
+        return [rows[i] for i in place.tolist()]
+
+    tensors = {"logits": torch.cat(logits)[place], "lengths": lengths}
+    tensors.update({f"hidden.{k}": torch.cat(in_row_order(v)) for k, v in hidden.items()})
+    tensors.update({f"attentions.{k}": torch.cat(in_row_order(v), dim=1) for k, v in attn.items()})
     return tensors
 
 

@@ -304,3 +304,32 @@ def test_pair_augmentation_matches_each_first_text_with_the_second_texts_sharing
     assert set(made) == allowed and len(made) == len(allowed)  # capped by what is there, no repeats
     with pytest.raises(DataError, match="method: pairs needs a pair task"):
         pairs(split(), 2)
+
+
+def test_teacher_outputs_run_longest_rows_first_and_come_back_in_row_order(tmp_path, tiny_bert_dir):
+    """Batches of rows of one length (less padding computed); every output lands on its own row."""
+    teacher, tokenizer = load_classifier(tiny_bert_dir)
+    data = encode(tokenizer, split(), 32)
+    seen: list[int] = []
+    real_forward = teacher.forward
+
+    def forward(**kwargs):
+        seen.append(int(kwargs["input_ids"].shape[1]))
+        return real_forward(**kwargs)
+
+    teacher.forward = forward
+    kw = {"cache_dir": tmp_path, "teacher_sha": "t", "data_sha": "d", "max_length": 32}
+    got = teacher_outputs(teacher, data, **kw, hidden_layers=[2], batch_size=2)
+    lengths = data.attention_mask.sum(1).sort(descending=True).values.tolist()
+    assert seen == [lengths[0], lengths[2]]  # two batches, each trimmed to its own longest row
+    with torch.no_grad():
+        for row in range(len(TEXTS)):
+            n = int(data.attention_mask[row].sum())
+            one = {
+                k: getattr(data, k)[row : row + 1, :n]
+                for k in ("input_ids", "attention_mask", "token_type_ids")
+            }
+            ref = real_forward(**one, output_hidden_states=True)
+            assert torch.allclose(got.logits[row], ref.logits[0], atol=1e-5)
+            mine = got.batch(torch.tensor([row]), n)["hidden"][2][0]
+            assert torch.allclose(mine, ref.hidden_states[2][0], atol=2e-2)
