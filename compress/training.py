@@ -146,9 +146,11 @@ class BestKeeper:
         """Epochs offered since the last best one: what patience is counted against."""
         self.step = 0
 
-    def restart(self) -> None:
-        """Choose among the epochs from here on only (their scores are not comparable with earlier ones)."""
-        self.score, self.waited = None, 0
+    def restart(self, score: float | None = None) -> None:
+        """Choose among the epochs from here on only (their scores are not comparable with earlier ones);
+        with ``score``, the kept weights stay kept unless a later epoch beats it (the kept weights'
+        own score on the new scale)."""
+        self.score, self.waited = score, 0
 
     def offer(self, score: float) -> bool:
         """Record an epoch's eval score; True (and the epoch kept) when it beats every earlier one."""

@@ -28,6 +28,12 @@ from compress.training import BestKeeper, set_seed
 log = logging.getLogger(__name__)
 
 
+def selectable(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The epochs that can be kept: not the intermediate step's, whose classifier head has not been
+    trained yet."""
+    return [h for h in history if h.get("phase") != "intermediate"]
+
+
 @dataclass
 class DistillOutcome:
     metrics: dict[str, Any]
@@ -112,15 +118,25 @@ def distill_model(
     with contextlib.ExitStack() as simulated:
         for phase in steps:
             if phase.int8:
-                # int8 epochs start from the best float epoch (early stopping does not skip them) and are
-                # chosen among themselves: their int8 scores are not comparable with float ones
+                # int8 epochs start from the best float epoch (early stopping does not skip them). Their
+                # int8 scores are not comparable with float ones, so that epoch is scored again as int8
+                # computes it, and an int8 epoch is kept only if it beats that score: quantization-aware
+                # training can then cost the artifact nothing on the eval split.
                 student.load_state_dict(best.state)
-                best.restart()
                 stopped = False
                 int8 = True
                 layers = simulated.enter_context(fake_int8(student))
+                float_best = max(selectable(history), key=lambda h: h[key])["epoch"]
+                baseline = {"epoch": float_best, **evaluate(student, data, options.eval_batch_size)}
+                best.restart(baseline[key])
                 log.info(
-                    "distill: %d int8 epoch(s), %d layers computing as dynamic int8", phase.epochs, layers
+                    "distill: %d int8 epoch(s), %d layers computing as dynamic int8; epoch %d scores %s "
+                    "%.4f so, which an int8 epoch must beat to be kept",
+                    phase.epochs,
+                    layers,
+                    float_best,
+                    key,
+                    baseline[key],
                 )
             if stopped:
                 break
@@ -146,10 +162,9 @@ def distill_model(
     student.load_state_dict(best.state)
     student.set_attn_implementation(implementation)
     accelerator.wait_for_everyone()
-    # the intermediate step's epochs are never kept: their classifier head has not been trained yet;
-    # with int8 epochs, the kept epoch is the best of those
-    last = "int8" if int8 else None
-    kept = [h for h in history if h.get("phase") != "intermediate" and (last is None or h["phase"] == last)]
+    # with int8 epochs, the kept epoch is the best of those and the float epoch they started from,
+    # all scored as int8 computes them (the float epoch first, so it wins a tie, as BestKeeper keeps it)
+    kept = [baseline, *(h for h in history if h["phase"] == "int8")] if int8 else selectable(history)
     best_epoch = max(kept, key=lambda h: h[key])
     metrics = {
         "accuracy": best_epoch.get("accuracy"),
@@ -168,5 +183,7 @@ def distill_model(
         metrics["intermediate_epochs"] = options.intermediate_epochs
     if int8:
         metrics["int8_epochs"] = sum(1 for h in history if h["phase"] == "int8")
+        metrics["int8_start"] = baseline
+        metrics["int8_kept"] = best_epoch is not baseline
     info = {"layer_map": [list(p) for p in pairs], **data.info}
     return DistillOutcome(metrics, info, accelerator.is_main_process)

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 from compress.errors import RecipeError, TrainingError
 from compress.io import read_json
@@ -168,9 +169,51 @@ def test_int8_epochs_start_from_the_best_float_epoch_and_keep_their_own_best(tmp
     phases = [h["phase"] for h in metrics["eval_curve"]]
     assert phases == ["joint", "joint", "int8", "int8"]
     assert metrics["int8_epochs"] == 2 and metrics["epochs_run"] == 4
-    assert metrics["best_epoch"] in (3, 4)  # chosen among the int8 epochs, on their int8 scores
-    best = metrics["eval_curve"][metrics["best_epoch"] - 1]
+    start = metrics["int8_start"]  # the best float epoch, scored as int8 computes it
+    assert start["epoch"] in (1, 2)
+    if metrics["int8_kept"]:  # chosen among the int8 epochs, on their int8 scores
+        assert metrics["best_epoch"] in (3, 4)
+        best = metrics["eval_curve"][metrics["best_epoch"] - 1]
+        assert best["accuracy"] > start["accuracy"]
+    else:
+        assert metrics["best_epoch"] == start["epoch"]
+        best = start
     assert metrics["agreement"] == best["agreement"] and metrics["kl"] == best["kl"] >= 0.0
     assert any("layers computing as dynamic int8" in r.getMessage() for r in caplog.records)
     student, _ = load_classifier(tmp_path / "work" / "out")  # the saved student is a plain float model
     assert not any("forward" in vars(m) for m in student.modules())
+
+
+@pytest.mark.parametrize(("int8_scores", "kept_call"), [((0.6, 0.65), 1), ((0.6, 0.69), 4)])
+def test_an_int8_epoch_is_kept_only_if_it_beats_the_best_float_epoch_scored_as_int8(
+    tmp_path, teacher, monkeypatch, int8_scores, kept_call
+):
+    """Scripted eval scores: float epochs 0.5 and 0.7, the float best scored as int8 0.68, then the
+    int8 epochs; the saved student holds the weights of the call that should win."""
+    from compress.distill import trainer
+
+    real = trainer.evaluate
+    scripted = [0.5, 0.7, 0.68, *int8_scores]
+    states = []
+
+    def evaluate(student, data, batch_size):
+        scores = real(student, data, batch_size)
+        states.append({k: v.detach().clone() for k, v in student.state_dict().items()})
+        return {**scores, "accuracy": scripted[len(states) - 1]}
+
+    monkeypatch.setattr(trainer, "evaluate", evaluate)
+    result = stage(tmp_path, teacher, epochs=2, extra="    quantization_aware: {epochs: 2, lr: 1.0e-3}\n")
+    metrics = result.metrics
+    assert len(states) == 5
+    assert metrics["int8_start"]["epoch"] == 2 and metrics["int8_start"]["accuracy"] == 0.68
+    assert metrics["int8_kept"] is (kept_call == 4)
+    assert metrics["best_epoch"] == (2 if kept_call == 1 else 4)
+    assert metrics["accuracy"] == scripted[kept_call if kept_call == 4 else 2]
+    for name, value in states[2].items():  # the int8 epochs start from the best float epoch's weights
+        assert torch.equal(value, states[1][name]), name
+    student, _ = load_classifier(tmp_path / "work" / "out")
+    saved = student.state_dict()
+    expected = states[kept_call]
+    assert all(torch.allclose(saved[name], expected[name]) for name in saved)
+    other = states[4 if kept_call == 1 else 1]
+    assert not all(torch.allclose(saved[name], other[name]) for name in saved)
