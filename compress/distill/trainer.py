@@ -64,6 +64,9 @@ def distill_model(
     start = time.time()
     checkpoint_dir = checkpoint_dir or ctx.cache_dir / "distill" / f"best-{ctx.index:02d}"
     data = prepare_transfer(student, tokenizer, teacher_dir, ctx, options, accelerator)
+    # again: whether the teacher's outputs and the transfer set came from the cache or were computed
+    # decides how many random numbers were drawn above, and training must not depend on it
+    set_seed(ctx.seed)
     pairs = data.pairs
     implementation = student.config._attn_implementation
     module = DistillModule(student, options, pairs, data.teacher_width, data.relation)

@@ -217,3 +217,17 @@ def test_an_int8_epoch_is_kept_only_if_it_beats_the_best_float_epoch_scored_as_i
     assert all(torch.allclose(saved[name], expected[name]) for name in saved)
     other = states[4 if kept_call == 1 else 1]
     assert not all(torch.allclose(saved[name], other[name]) for name in saved)
+
+
+def test_training_does_not_depend_on_whether_the_teacher_outputs_were_cached(tmp_path, teacher):
+    """The second run finds the teacher's outputs in the shared cache instead of computing them; the
+    student it trains is the first run's, weight for weight."""
+    recipe = recipe_file(tmp_path, teacher, epochs=2)
+    work = tmp_path / "work"
+    first = handler_only(recipe, work, teacher[0])[0].metrics
+    weights = load_classifier(work / "out")[0].state_dict()
+    assert any((work / ".cache").iterdir())
+    second = handler_only(recipe, work, teacher[0])[0].metrics
+    assert second["eval_curve"] == first["eval_curve"]
+    again = load_classifier(work / "out")[0].state_dict()
+    assert all(torch.equal(again[name], weights[name]) for name in weights)
