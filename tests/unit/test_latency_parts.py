@@ -164,9 +164,32 @@ def test_quality_logits_come_from_one_request_per_row_and_the_batch_only_times_t
     request = {"texts": texts, "pairs": None, "warmup": 0, "latency_samples": 1, "batch_size": 3}
     logits, stats = measure(predict, request)
     assert logits[:, 0] == pytest.approx([1.0, 1.0, 1.0])  # alone, every row is its own maximum
-    assert calls == [1, 1, 1, 1, 3]  # one timed request, three scored rows, one batch of three
+    # one timed request (row 0, whose logits are kept), the two other rows scored, one batch of three
+    assert calls == [1, 1, 1, 3]
     assert stats["scored_batch_size"] == 1
     assert stats["throughput"] == {"batch_size": 3, "items_per_s": pytest.approx(3 / 0.001)}
     calls.clear()
-    measure(predict, {**request, "batch_size": 1})
-    assert calls == [1, 1, 1, 1]  # at batch 1 the scoring pass is the throughput measurement
+    _, stats = measure(predict, {**request, "batch_size": 1})
+    assert calls == [1, 1, 1]  # at batch 1 the timed and scored requests are the throughput measurement
+    assert stats["throughput"] == {"batch_size": 1, "items_per_s": pytest.approx(1 / 0.001)}
+
+
+def test_rows_the_timed_requests_covered_are_not_run_again_to_be_scored(clock: FakeClock):
+    """Latency over every row (the suite's setting): each row runs once at batch 1, and its logits are
+    the ones scored, in row order, even when the timed requests start again from the first row."""
+    calls: list[str] = []
+
+    def predict(texts: list[str], pairs: list[str] | None) -> np.ndarray:
+        calls.extend(texts)
+        clock.spend(0.002)
+        return np.array([[len(t), -len(t)] for t in texts], dtype=np.float32)
+
+    texts = ["aa", "b", "cccc"]
+    for samples in (3, 5):
+        calls.clear()
+        logits, stats = measure(
+            predict, {"texts": texts, "pairs": None, "warmup": 1, "latency_samples": samples, "batch_size": 1}
+        )
+        assert calls == ["aa", *(texts * 2)[:samples]]  # the warm-up, then the timed requests only
+        assert logits[:, 0].tolist() == [2.0, 1.0, 4.0]
+        assert stats["latency_ms"]["samples"] == samples
