@@ -6,7 +6,8 @@ of the same recipe, e.g. ``--only compress --set seed=1``; a seed may also come 
 that measured the peers (a full run): one of the seeds, or ``--teacher FOLDER``, a full run of another
 recipe (only its teacher rows are read, so its own compress rows are no seed here); the compress rows are
 matched by task and row name. Nothing here measures anything: it reads the suite's own numbers and writes
-``seeds.md``, ``seeds.json`` and ``seeds.png``.
+``seeds.md``, ``seeds.json`` and ``seeds.png``. It lists where each run was measured (time, machine,
+commit); when the runs span machines, p50 is given per seed, never averaged over them.
 
 From the per-row predictions each results.json keeps, every row gets the paired bootstrap interval
 of its accuracy against that teacher row, per seed, and pooled over the seeds: each resample draws
@@ -76,6 +77,21 @@ def spread(values: list[float]) -> dict[str, float]:
         "std": statistics.stdev(values) if len(values) > 1 else 0.0,
         "min": min(values),
         "max": max(values),
+    }
+
+
+def provenance(results: dict[str, Any], teacher_only: bool = False) -> dict[str, Any]:
+    """Where and from what one run measured: its file, seed, commit, machine and time (``None`` where the
+    results predate the suite recording it)."""
+    commit, host = results.get("commit") or {}, results.get("host") or {}
+    return {
+        "file": results["_file"],
+        "seed": None if teacher_only else seed_of(results),
+        "commit": commit.get("sha"),
+        "dirty": commit.get("dirty"),
+        "cpu": host.get("cpu"),
+        "threads": host.get("threads"),
+        "created": results.get("created"),
     }
 
 
@@ -171,6 +187,9 @@ def aggregate(
                     "share_of_teacher": spread([a / teacher for a in accuracy]),
                     "bytes": spread([float(x["bytes"]) for x in found]),
                     "p50_ms": spread([float(x["p50_ms"]) for x in found]),
+                    "p50_ms_per_seed": {
+                        str(s): float(x["p50_ms"]) for s, x in zip(seeds, found, strict=True)
+                    },
                     "accuracy_vs_teacher": seed_intervals(
                         found, task_runs, seeds, task, reference, resamples
                     ),
@@ -178,7 +197,38 @@ def aggregate(
             )
         tasks[task] = {"teacher_accuracy": teacher, "rows": rows}
     files = [r["_file"] for r in runs]
-    return {"seeds": seeds, "files": files, "teacher": (teacher_run or {}).get("_file"), "tasks": tasks}
+    measured = [provenance(teacher_run, teacher_only=True)] if teacher_run is not None else []
+    measured += [provenance(r) for r in runs]
+    return {
+        "seeds": seeds,
+        "files": files,
+        "teacher": (teacher_run or {}).get("_file"),
+        "runs": measured,
+        "machines": sorted({m["cpu"] for m in measured if m["cpu"]}),
+        "tasks": tasks,
+    }
+
+
+def runs_table(summary: dict[str, Any]) -> list[str]:
+    """One line per results file: seed, when, on what machine, at which commit; and a warning when the
+    runs were measured on more than one machine (their p50s are then no one machine's spread)."""
+    out = ["| results | seed | measured | machine | commit |", "|---|---|---|---|---|"]
+    for m in summary.get("runs", []):
+        seed = "teacher rows only" if m["seed"] is None else str(m["seed"])
+        commit = (m["commit"] or "")[:7] or "not recorded"
+        commit += " (uncommitted changes)" if m["dirty"] else ""
+        machine = m["cpu"] or "not recorded"
+        machine += f", {m['threads']} thread{'s' if m['threads'] != 1 else ''}" if m["threads"] else ""
+        out.append(f"| {m['file']} | {seed} | {m['created'] or 'not recorded'} | {machine} | {commit} |")
+    machines = summary.get("machines", [])
+    if len(machines) > 1:
+        out += [
+            "",
+            f"**Measured on {len(machines)} machines** ({'; '.join(machines)}): p50 is given per seed, "
+            "since a mean over machines is no machine's latency; an int8 file's accuracy may also move "
+            "with the machine's rounding. Compare latency within one suite run.",
+        ]
+    return [*out, ""]
 
 
 def _share(interval: dict[str, Any]) -> str:
@@ -236,7 +286,9 @@ def markdown(summary: dict[str, Any]) -> str:
         + (f" Teacher rows from {summary['teacher']}." if summary.get("teacher") else ""),
         "Spread is the sample standard deviation over seeds; dev accuracy, measured once per seed.",
         "",
+        *runs_table(summary),
     ]
+    mixed = len(summary.get("machines", [])) > 1
     for task, block in summary["tasks"].items():
         teacher = block["teacher_accuracy"]
         out += [
@@ -244,16 +296,23 @@ def markdown(summary: dict[str, Any]) -> str:
             "",
             "| row | "
             + " | ".join(f"seed {s}" for s in seeds)
-            + " | mean ± sd | % of teacher (min–max) | MB | p50 ms |",
+            + " | mean ± sd | % of teacher (min–max) | MB | "
+            + ("p50 ms per seed |" if mixed else "p50 ms |"),
             "|---|" + "---|" * len(seeds) + "---|---|---|---|",
         ]
         for row in block["rows"]:
             acc, share = row["accuracy_spread"], row["share_of_teacher"]
             per_seed = " | ".join(f"{100 * row['accuracy'][str(s)]:.2f}" for s in seeds)
+            by_seed = row.get("p50_ms_per_seed") or {}
+            p50 = (
+                " / ".join(f"{by_seed[str(s)]:.2f}" for s in seeds)
+                if mixed and by_seed
+                else f"{row['p50_ms']['mean']:.2f}"
+            )
             out.append(
                 f"| {row['row']} | {per_seed} | {100 * acc['mean']:.2f} ± {100 * acc['std']:.2f} | "
                 f"{100 * share['mean']:.1f}% ({100 * share['min']:.1f}–{100 * share['max']:.1f}) | "
-                f"{row['bytes']['mean'] / 1e6:.2f} | {row['p50_ms']['mean']:.2f} |"
+                f"{row['bytes']['mean'] / 1e6:.2f} | {p50} |"
             )
         out += ["", *interval_table(block, seeds)]
     return "\n".join(out)

@@ -597,6 +597,44 @@ def test_a_seed_may_come_as_one_single_task_run_per_task(tmp_path):
         seeds.aggregate([sst2, both])
 
 
+def test_seeds_say_where_each_run_was_measured_and_never_average_p50_over_machines(tmp_path):
+    def run(name, seed, cpu, p50, with_teacher):
+        folder = tmp_path / name
+        folder.mkdir()
+        rows_ = _task_rows("sst2", 0.78, with_teacher)
+        rows_[0]["p50_ms"] = p50
+        results = {
+            "command": "python benchmarks/suite.py" + (f" --set seed={seed}" if seed else ""),
+            "commit": {"sha": f"{seed}" * 40, "dirty": seed == 2},
+            "host": {"cpu": cpu, "machine": "x86_64", "threads": 1},
+            "created": f"2026-12-0{seed + 1}T10:00:00+00:00",
+            "rows": rows_,
+        }
+        (folder / "results.json").write_text(json.dumps(results))
+        return seeds.load(folder)
+
+    xeon = [run("s0", 0, "Xeon", 1.0, True), run("s1", 1, "Xeon", 1.5, False)]
+    one = seeds.aggregate(xeon)
+    assert one["machines"] == ["Xeon"] and [m["commit"][:7] for m in one["runs"]] == ["0000000", "1111111"]
+    text = seeds.markdown(one)
+    assert "| 1.25 |" in text and "machines" not in text  # one machine: the mean p50 stands
+    assert "| 2026-12-02T10:00:00+00:00 | Xeon, 1 thread | 1111111 |" in text
+
+    mixed = seeds.aggregate([*xeon, run("s2", 2, "EPYC", 2.0, False)])
+    assert mixed["machines"] == ["EPYC", "Xeon"]
+    assert mixed["tasks"]["sst2"]["rows"][0]["p50_ms_per_seed"] == {"0": 1.0, "1": 1.5, "2": 2.0}
+    text = seeds.markdown(mixed)
+    assert "**Measured on 2 machines** (EPYC; Xeon)" in text and "| 1.00 / 1.50 / 2.00 |" in text
+    assert "| 1.50 |" not in text  # no mean p50 cell over machines
+    assert "2222222 (uncommitted changes)" in text
+
+    # a teacher taken from another run is listed as such, not as a seed
+    teacher = run("t", 3, "Xeon", 4.0, True)
+    listed = seeds.aggregate(xeon, teacher_run=teacher)["runs"]
+    assert [m["seed"] for m in listed] == [None, 0, 1]
+    assert "| teacher rows only |" in seeds.markdown(seeds.aggregate(xeon, teacher_run=teacher))
+
+
 def _rerun(tmp_path: Path, name: str, p50s: dict[str, float], commit: dict | None) -> Path:
     found = [
         {"task": "sst2", "row": row, "p50_ms": p50, "group": "peer", "format": "onnx"}
