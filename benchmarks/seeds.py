@@ -22,7 +22,6 @@ the seed-averaged accuracy kept; the seed-to-seed spread is the sd column beside
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -363,7 +362,7 @@ def main() -> None:
     plot(summary, args.out / "seeds.png")
     write_text_atomic(args.out / "seeds.md", markdown(summary))
     write_json_atomic(args.out / "seeds.json", summary)
-    print(json.dumps({t: [r["share_of_teacher"] for r in b["rows"]] for t, b in summary["tasks"].items()}))
+    print(f"wrote {args.out}/seeds.md, seeds.json and seeds.png", file=sys.stderr)
 
 
 if __name__ == "__main__":
